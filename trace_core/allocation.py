@@ -1,0 +1,557 @@
+"""Budgeted rollout allocation: SPEC §2 (global roots), §3 (local prefixes), §4 (baselines).
+
+Everything here is numpy in, numpy out. The two TRACE solvers are exact; their reference
+implementations (`allocate_roots_dp`, `allocate_prefixes_greedy`) exist for tests and benchmarks
+and are never used as a silent fallback.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+# Unit gains closer than this are treated as equal when the tie rules apply (SPEC §2 "Ties").
+# With at most ~1e3 tied units per step the objective moves by < 1e-9, the tolerance SPEC uses.
+GAIN_TIE_TOL = 1e-12
+
+
+# ============================================================================ validation
+def _as_probabilities(x: object, name: str) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of probabilities, got shape {arr.shape}")
+    bad = ~np.isfinite(arr) | (arr < 0.0) | (arr > 1.0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}[{i}] = {arr[i]!r} is not a probability in [0, 1] (NaN is not allowed)")
+    return arr
+
+
+def _as_int(x: object, name: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int | np.integer):
+        raise ValueError(f"{name} must be an integer, got {x!r}")
+    return int(x)
+
+
+def check_root_budget(num_prompts: int, budget: int, max_per_prompt: int) -> None:
+    """Raise ValueError for every infeasible case of SPEC §2, naming the numbers."""
+    budget = _as_int(budget, "budget")
+    max_per_prompt = _as_int(max_per_prompt, "max_per_prompt")
+    if max_per_prompt < 2:
+        raise ValueError(
+            f"max_per_prompt = {max_per_prompt}: it must be >= 2 (a single rollout forms no group)"
+        )
+    if budget < 0:
+        raise ValueError(f"budget = {budget}: the root budget cannot be negative")
+    if budget == 1:
+        raise ValueError("budget = 1: m_i = 1 is excluded (a single rollout forms no group), so 1 is infeasible")
+    if budget > num_prompts * max_per_prompt:
+        raise ValueError(
+            f"budget = {budget} exceeds the pool's capacity B * max_per_prompt = "
+            f"{num_prompts} * {max_per_prompt} = {num_prompts * max_per_prompt}"
+        )
+    if max_per_prompt == 2 and budget % 2:
+        raise ValueError(f"budget = {budget} is odd but max_per_prompt = 2 allows only m_i in {{0, 2}}")
+
+
+# ============================================================================ SPEC §2: roots
+def root_value(v: object, m: object) -> np.ndarray:
+    """Activation probability ``V_root(v, m) = 1 − v^m − (1 − v)^m`` for m ≥ 2, and 0 for m < 2.
+
+    The literal formula gives −1 at m = 0; a skipped prompt contributes nothing (SPEC §2)."""
+    v = np.asarray(v, dtype=np.float64)
+    m = np.asarray(m)
+    if np.any(~np.isfinite(v) | (v < 0) | (v > 1)):
+        raise ValueError("v must hold probabilities in [0, 1] (NaN is not allowed)")
+    if np.any(m < 0):
+        raise ValueError("m must be non-negative")
+    val = 1.0 - np.power(v, m) - np.power(1.0 - v, m)
+    return np.where(m >= 2, val, 0.0)
+
+
+def root_unit_gains(v: np.ndarray, max_per_prompt: int) -> np.ndarray:
+    """Gain of each rollout unit, shape ``(B, max_per_prompt)``.
+
+    Let ``a = v(1−v)``. Opening a prompt at m = 2 gains ``2a``: we split it as two units of ``a``.
+    The third rollout gains ``V(3) − V(2) = a`` and the k-th (k ≥ 3) gains
+    ``a(v^{k−2} + (1−v)^{k−2})``, which is non-increasing. The first three units are set to
+    ``a`` exactly (not recomputed) so that they tie bit-for-bit; the rest are made monotone
+    against rounding with a running minimum."""
+    a = v * (1.0 - v)
+    gains = np.empty((v.shape[0], max_per_prompt), dtype=np.float64)
+    gains[:, : min(3, max_per_prompt)] = a[:, None]
+    if max_per_prompt > 3:
+        k = np.arange(4, max_per_prompt + 1, dtype=np.float64)  # unit index k (1-based)
+        gains[:, 3:] = a[:, None] * (np.power(v[:, None], k - 2) + np.power(1.0 - v[:, None], k - 2))
+        np.minimum.accumulate(gains, axis=1, out=gains)
+    return gains
+
+
+def allocate_roots(v: object, budget: int, max_per_prompt: int = 16) -> np.ndarray:
+    """Exact optimum of SPEC §2: ``max Σ V_root(v_i, m_i)`` s.t. ``Σ m_i = budget``,
+    ``m_i ∈ {0} ∪ {2..max_per_prompt}``. O(B·K) time after an O(B·K) selection.
+
+    **Why a threshold is exact.** Write each prompt's value as a sum of unit gains
+    (:func:`root_unit_gains`): ``g_1 = g_2 = g_3 = a`` and then non-increasing. With m = 1 allowed
+    at value ``a`` the problem is separable concave, so taking the ``budget`` largest units (all
+    units with gain > λ plus ``R`` units at the threshold λ) is optimal for this *relaxation*,
+    whose value bounds the true optimum from above. Because a prompt's first three units tie,
+    a prompt above λ always holds ≥ 3 units; a relaxed solution can only be infeasible through
+    the units tied at λ. Those are *singles* (deeper units of already-open prompts: 0 or 1 each)
+    and *openings* (prompts whose ``a`` equals λ: 0, 2, 3, … units). Every R is composed from
+    them, singles first, except R = 1 with no single (K ≥ 3; with K = 2 every R is even because
+    budgets are). In that one case, write the Lagrangian bound: for any feasible m,
+    ``value(m) = L(λ) − Σ_i d_i(m_i)`` with ``d_i ≥ 0`` the loss of prompt i against its
+    λ-optimal count ``c_i`` (open prompts ``c_i ≥ 3``, tie prompts 0 with 2 and 3 also free).
+    We need a net +1 unit. Either some open prompt goes up (cost ≥ its next unit's ``λ − g``), or
+    only closed prompts go up — by ≥ 2 each — so some open prompt must go down by ≥ 1 (cost ≥ its
+    last unit's ``g − λ``), and opening a tie prompt at 2 is free. Hence the optimum is the
+    better of (a) the best extra unit on an open prompt and (b) opening a tie prompt at 2 while
+    removing the cheapest last unit of an open prompt — both of which we evaluate. So the result
+    always equals :func:`allocate_roots_dp`'s objective (tested, and benchmarked at B = 4,096).
+
+    **Ties** (deterministic): units within ``GAIN_TIE_TOL`` of λ are tied; they are taken
+    singles first (no new prompt), then openings of as many units as allowed (fewest activated
+    prompts, e.g. (3, 3, 0) over (2, 2, 2)), each in index order; in case (a)-vs-(b) ties, (a)
+    (fewer prompts). Callers shuffle the pool each step so no prompt is favoured by its index.
+    """
+    v = _as_probabilities(v, "v")
+    check_root_budget(v.shape[0], budget, max_per_prompt)
+    budget, K, B = int(budget), int(max_per_prompt), v.shape[0]
+    m = np.zeros(B, dtype=np.int64)
+    if budget == 0:
+        return m
+    gains = root_unit_gains(v, K)
+    flat = gains.ravel()
+    lam = float(np.partition(flat, flat.size - budget)[flat.size - budget])  # budget-th largest
+    above = gains > lam + GAIN_TIE_TOL
+    tied = ~above & (gains >= lam - GAIN_TIE_TOL)
+    m[:] = above.sum(axis=1)
+    remaining = budget - int(m.sum())
+    # Singles: tied units on prompts already open (each unit is one more rollout there).
+    open_idx = np.flatnonzero(m > 0)
+    if remaining > 0 and open_idx.size:
+        single_cap = tied[open_idx].sum(axis=1)
+        take = np.minimum(single_cap, np.maximum(remaining - np.concatenate(([0], np.cumsum(single_cap)[:-1])), 0))
+        m[open_idx] += take
+        remaining -= int(take.sum())
+    if remaining == 0:
+        return m
+    # Openings: prompts whose first units are tied with λ; capacity = their tied unit count.
+    tie_prompts = np.flatnonzero((m == 0) & tied[:, 0])
+    caps = tied[tie_prompts].sum(axis=1)
+    if remaining == 1:
+        return _repair_single_leftover(m, gains, lam, tie_prompts, K)
+    order = np.argsort(-caps, kind="stable")  # largest capacity first: fewest prompts
+    for j, cap in zip(tie_prompts[order], caps[order], strict=True):
+        if remaining == 0:
+            break
+        take = min(int(cap), remaining)
+        if remaining - take == 1:  # never leave a single unit behind: the next opening takes 2
+            take -= 1
+        m[j] = take
+        remaining -= take
+    if remaining != 0:  # unreachable by the argument above; kept as a loud guard
+        raise AssertionError(f"allocate_roots left {remaining} units unplaced (budget={budget})")
+    return m
+
+
+def _repair_single_leftover(
+    m: np.ndarray, gains: np.ndarray, lam: float, tie_prompts: np.ndarray, K: int
+) -> np.ndarray:
+    """Place the one unit at λ that no feasible tie choice can take (see :func:`allocate_roots`)."""
+    B = m.shape[0]
+    rows = np.arange(B)
+    is_open = m >= 2
+    # (a) one more unit on an open prompt with room: loss λ − g_next.
+    can_add = is_open & (m < K)
+    next_gain = np.where(can_add, gains[rows, np.minimum(m, K - 1)], -np.inf)
+    j_add = int(np.argmax(next_gain)) if can_add.any() else -1
+    loss_add = lam - next_gain[j_add] if j_add >= 0 else np.inf
+    # (b) open a tie prompt at 2 and drop the last unit of an open prompt (m ≥ 3 → m − 1 ≥ 2).
+    can_drop = is_open & (m >= 3)
+    last_gain = np.where(can_drop, gains[rows, np.maximum(m - 1, 0)], np.inf)
+    j_drop = int(np.argmin(last_gain)) if can_drop.any() else -1
+    loss_drop = last_gain[j_drop] - lam if (j_drop >= 0 and tie_prompts.size) else np.inf
+    if not np.isfinite(loss_add) and not np.isfinite(loss_drop):
+        raise AssertionError("allocate_roots: no feasible repair (should be impossible for a feasible budget)")
+    if loss_add <= loss_drop + GAIN_TIE_TOL:
+        m[j_add] += 1
+    else:
+        m[j_drop] -= 1
+        m[int(tie_prompts[0])] = 2
+    return m
+
+
+def allocate_roots_dp(v: object, budget: int, max_per_prompt: int = 16) -> np.ndarray:
+    """Reference dynamic programme for SPEC §2 (the paper's solver), O(B · budget · K).
+
+    Among optima (values within ``GAIN_TIE_TOL`` · budget) it keeps the one with fewer activated
+    prompts. Used by tests and benchmarks to certify :func:`allocate_roots`."""
+    v = _as_probabilities(v, "v")
+    check_root_budget(v.shape[0], budget, max_per_prompt)
+    budget, K, B = int(budget), int(max_per_prompt), v.shape[0]
+    choices = np.array([0] + list(range(2, K + 1)), dtype=np.int64)
+    tol = GAIN_TIE_TOL * max(budget, 1)
+    best = np.full(budget + 1, -np.inf)
+    best[0] = 0.0
+    count = np.zeros(budget + 1, dtype=np.int64)  # activated prompts of the kept optimum
+    back = np.zeros((B, budget + 1), dtype=np.int8)  # index into `choices`
+    for i in range(B):
+        vals = root_value(np.full(choices.shape, v[i]), choices)
+        new_best = best.copy()  # choice 0
+        new_count = count.copy()
+        new_back = np.zeros(budget + 1, dtype=np.int8)
+        for ci in range(1, len(choices)):
+            c = choices[ci]
+            if c > budget:
+                break
+            cand = np.full(budget + 1, -np.inf)
+            cand[c:] = best[: budget + 1 - c] + vals[ci]
+            cand_count = np.zeros(budget + 1, dtype=np.int64)
+            cand_count[c:] = count[: budget + 1 - c] + 1
+            with np.errstate(invalid="ignore"):  # -inf − -inf where neither is reachable
+                tie = np.abs(cand - new_best) <= tol
+            better = (cand > new_best + tol) | (tie & (cand_count < new_count))
+            better &= np.isfinite(cand)
+            new_best = np.where(better, cand, new_best)
+            new_count = np.where(better, cand_count, new_count)
+            new_back = np.where(better, np.int8(ci), new_back)
+        best, count, back[i] = new_best, new_count, new_back
+    if not np.isfinite(best[budget]):
+        raise ValueError(f"budget = {budget} cannot be split into groups of 0 or 2..{K}")
+    m = np.zeros(B, dtype=np.int64)
+    b = budget
+    for i in range(B - 1, -1, -1):
+        m[i] = choices[back[i, b]]
+        b -= m[i]
+    return m
+
+
+def root_objective(v: object, m: object) -> float:
+    """``Σ_i V_root(v_i, m_i)``."""
+    return float(np.sum(root_value(v, m)))
+
+
+# ============================================================================ SPEC §3: prefixes
+def _check_prefix_inputs(p: object, r: object, turn: object | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    p = _as_probabilities(p, "p")
+    r_arr = np.asarray(r, dtype=np.float64)
+    if r_arr.shape != p.shape:
+        raise ValueError(f"r has shape {r_arr.shape} but p has shape {p.shape}: one reward per anchor")
+    bad = ~np.isin(r_arr, (0.0, 1.0))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"r[{i}] = {r_arr[i]!r}: rewards of bare rollouts must be 0 or 1")
+    if turn is None:
+        t = np.zeros(p.shape, dtype=np.int64)
+    else:
+        t = np.asarray(turn)
+        if t.shape != p.shape:
+            raise ValueError(f"turn has shape {t.shape} but p has shape {p.shape}")
+    return p, r_arr, t
+
+
+def continuation_keep_probability(p: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """``q = r·p + (1 − r)(1 − p)``: probability a continuation repeats the bare outcome."""
+    return r * p + (1.0 - r) * (1.0 - p)
+
+
+def prefix_value(p: object, r: object, k: object) -> np.ndarray:
+    """``V_pref = 1 − q^k``: the chance that one of ``k`` continuations from the prefix ends with
+    the opposite outcome to the bare rollout through it (SPEC §3); 0 at k = 0."""
+    p, r_arr, _ = _check_prefix_inputs(p, r, None)
+    k = np.asarray(k)
+    if np.any(k < 0):
+        raise ValueError("k must be non-negative")
+    return 1.0 - np.power(continuation_keep_probability(p, r_arr), k)
+
+
+def allocate_prefixes(p: object, r: object, budget: int, turn: object | None = None) -> np.ndarray:
+    """Exact optimum of SPEC §3: ``max Σ_j V_pref(j, K_j)`` s.t. ``Σ K_j = budget``, ``K_j ≥ 0``.
+
+    The k-th continuation at anchor j gains ``q_j^{k−1}(1 − q_j)``, non-increasing in k, so the
+    objective is separable concave and taking the ``budget`` largest unit gains is optimal. We
+    find the threshold without materialising units: the number of units of anchor j above λ is
+    ``⌈log(λ/(1−q_j)) / log q_j⌉`` (closed form), λ is bisected in log space, and the few
+    units between the bracketing thresholds are sorted exactly. Vectorised: O(A · iterations).
+
+    Ties (deterministic; also how the budget is spent when every gain is 0): among equal gains,
+    fewer continuations already placed at that anchor first (spreading), then the earlier turn
+    (``turn``; anchors' depths), then the lower index.
+    """
+    p, r_arr, t = _check_prefix_inputs(p, r, turn)
+    budget = _as_int(budget, "budget")
+    if budget < 0:
+        raise ValueError(f"budget = {budget}: the prefix budget cannot be negative")
+    A = p.shape[0]
+    K = np.zeros(A, dtype=np.int64)
+    if budget == 0:
+        return K
+    if A == 0:
+        raise ValueError(f"budget = {budget} but there are no anchors to spend it on")
+    q = continuation_keep_probability(p, r_arr)
+    first = 1.0 - q  # gain of the first unit, the largest of each anchor
+
+    positive = first > 0.0
+    finite_q = (q > 0.0) & positive  # 0 < q < 1: infinitely many positive units
+    with np.errstate(divide="ignore"):
+        log_first = np.log(first)
+        inv_log_q = np.where(finite_q, 1.0 / np.log(np.where(finite_q, q, 0.5)), 0.0)
+    cap = float(budget + 1)  # no anchor can use more than `budget` units
+
+    def units_above(lam: float) -> np.ndarray:
+        """Number of units with gain > lam at each anchor (gain_k = q^{k−1}(1−q))."""
+        if lam <= 0.0:
+            return np.where(finite_q, int(cap), positive.astype(np.int64)).astype(np.int64)
+        # gain_k > lam  <=>  k − 1 < x = log(lam/first)/log q  (log q < 0): ⌈x⌉ units.
+        with np.errstate(invalid="ignore"):
+            x = np.ceil((np.log(lam) - log_first) * inv_log_q)
+        x = np.where(finite_q, np.clip(x, 0.0, cap), 1.0)  # q == 0: one positive unit
+        return np.where(first > lam, x, 0.0).astype(np.int64)
+
+    def gain(j: np.ndarray, k: np.ndarray) -> np.ndarray:  # gain of the k-th unit (1-based)
+        return np.power(q[j], k - 1) * first[j]
+
+    if int(units_above(0.0).sum()) < budget:
+        # Not enough positive gains: every positive unit is taken and the rest tie at 0.
+        K[:] = units_above(0.0)
+        _spread_ties(K, t, budget - int(K.sum()), np.arange(A))
+        return K
+
+    # Bisection in log space on λ: count(hi) < budget <= count(lo). Gains below 1e-300 are not
+    # resolved by bisection; they are all candidates of the exact finish below.
+    hi, lo = float(first.max()), 1e-300
+    lo_count_ok = int(units_above(lo).sum()) >= budget
+    if lo_count_ok:
+        for _ in range(200):
+            if hi <= lo * (1.0 + 1e-12):
+                break
+            mid = float(np.sqrt(lo * hi))
+            if int(units_above(mid).sum()) >= budget:
+                lo = mid
+            else:
+                hi = mid
+    else:  # the rest of the gains are below 1e-300: treat them as zero-gain ties
+        K[:] = units_above(lo)
+        _spread_ties(K, t, budget - int(K.sum()), np.arange(A))
+        return K
+    K[:] = units_above(hi)  # all units with gain > hi: fewer than budget
+    need = budget - int(K.sum())
+    # Exact finish: candidate units with gain in (lo, hi], sorted by gain, then the
+    # tie rule. No anchor can take more than `need` of them.
+    k_lo = units_above(lo)
+    extra = np.minimum(k_lo - K, need)
+    js = np.repeat(np.arange(A), extra)
+    if js.size:
+        ks = K[js] + (np.arange(js.size) - np.repeat(np.cumsum(extra) - extra, extra)) + 1
+        g = gain(js, ks)
+        order = np.lexsort((js, t[js], ks, -g))
+        np.add.at(K, js[order[:need]], 1)
+    short = budget - int(K.sum())
+    if short:
+        _spread_ties(K, t, short, np.arange(A))
+    return K
+
+
+def _spread_ties(K: np.ndarray, turn: np.ndarray, count: int, candidates: np.ndarray) -> None:
+    """Hand out ``count`` equal-gain units as a heap keyed by (units placed, turn, index) would:
+    water-fill every candidate up to a common level, then one more each in (turn, index) order."""
+    if count <= 0:
+        return
+    base = K[candidates]
+    levels = np.sort(base)
+    # Smallest level L with fill(L) = Σ max(0, L − K_j) >= count; fill is piecewise linear.
+    fill_at = np.cumsum(np.arange(1, levels.size + 1) * np.diff(np.append(levels, np.inf)))
+    i = int(np.searchsorted(fill_at, count))  # L lies in [levels[i], levels[i+1])
+    below = i + 1
+    filled_before = fill_at[i - 1] if i > 0 else 0
+    L = int(levels[i] + (count - filled_before) // below)
+    give = np.maximum(L - base, 0)
+    rest = count - int(give.sum())
+    at_level = np.flatnonzero(base + give == L)
+    order = at_level[np.lexsort((candidates[at_level], turn[candidates[at_level]]))]
+    give[order[:rest]] += 1
+    K[candidates] += give
+
+
+def allocate_prefixes_greedy(p: object, r: object, budget: int, turn: object | None = None) -> np.ndarray:
+    """Reference marginal-gain greedy for SPEC §3 (a heap; O(budget · log A)). Same tie rule."""
+    p, r_arr, t = _check_prefix_inputs(p, r, turn)
+    budget = _as_int(budget, "budget")
+    if budget < 0:
+        raise ValueError(f"budget = {budget}: the prefix budget cannot be negative")
+    if budget and p.shape[0] == 0:
+        raise ValueError(f"budget = {budget} but there are no anchors to spend it on")
+    q = continuation_keep_probability(p, r_arr)
+    K = np.zeros(p.shape[0], dtype=np.int64)
+    heap = [(-(1.0 - q[j]), 0, int(t[j]), j) for j in range(p.shape[0])]
+    heapq.heapify(heap)
+    for _ in range(budget):
+        _, k, tj, j = heapq.heappop(heap)
+        K[j] += 1
+        heapq.heappush(heap, (-(q[j] ** (k + 1) * (1.0 - q[j])), k + 1, tj, j))  # unit k + 2
+    return K
+
+
+def prefix_objective(p: object, r: object, K: object) -> float:
+    return float(np.sum(prefix_value(p, r, K)))
+
+
+# ============================================================================ SPEC §4: methods
+@dataclass(frozen=True)
+class BudgetSpec:
+    """Per-step rollout budget, shared by every method so that costs are equal (SPEC §4)."""
+
+    roots_M: int  # M: TRACE's root budget (bare rollouts); the total is M(1+N) trajectories
+    expansion_N: int  # N: expansion factor; TRACE spends m_i·N continuations on prompt i
+    group_size_G: int = 8  # G: rollouts per prompt for the uniform baselines (GRPO, PCL, TreePO)
+    max_per_prompt: int = 16  # M_max: largest m_i TRACE may give one prompt
+    pool_factor: int = 4  # candidate pool B = pool_factor·M(1+N)/G (PCL's k = 4)
+
+    def __post_init__(self) -> None:
+        for name in ("roots_M", "expansion_N", "group_size_G", "max_per_prompt", "pool_factor"):
+            _as_int(getattr(self, name), name)
+        if self.roots_M < 2:
+            raise ValueError(f"roots_M = {self.roots_M}: the root budget M must be >= 2")
+        if self.expansion_N < 0:
+            raise ValueError(f"expansion_N = {self.expansion_N}: the expansion factor cannot be negative")
+        if self.group_size_G < 2:
+            raise ValueError(f"group_size_G = {self.group_size_G}: a group needs >= 2 rollouts")
+        if self.roots_M % self.group_size_G:
+            raise ValueError(
+                f"roots_M = {self.roots_M} is not divisible by group_size_G = {self.group_size_G} "
+                "(the uniform baselines need M/G and M(1+N)/G whole prompts)"
+            )
+        if self.max_per_prompt < 2:
+            raise ValueError(f"max_per_prompt = {self.max_per_prompt}: it must be >= 2")
+        if self.pool_factor < 1:
+            raise ValueError(f"pool_factor = {self.pool_factor}: it must be >= 1")
+
+    @property
+    def total(self) -> int:
+        """Trajectories per step, for every method: M(1+N)."""
+        return self.roots_M * (1 + self.expansion_N)
+
+    @property
+    def pool_size(self) -> int:
+        """Candidate pool B = pool_factor·M(1+N)/G."""
+        return self.pool_factor * self.total // self.group_size_G
+
+
+RootRule = Callable[[np.ndarray, BudgetSpec, np.random.Generator], np.ndarray]
+PrefixRule = Callable[[np.ndarray, np.ndarray, int, np.ndarray, np.random.Generator], np.ndarray]
+
+
+def _uniform_prompts(num_prompts: int, pool: int, group: int, rng: np.random.Generator) -> np.ndarray:
+    if num_prompts > pool:
+        raise ValueError(f"need {num_prompts} prompts of {group} rollouts but the pool holds only {pool}")
+    m = np.zeros(pool, dtype=np.int64)
+    m[rng.choice(pool, size=num_prompts, replace=False)] = group
+    return m
+
+
+def roots_uniform_all(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+    """GRPO: M(1+N)/G random prompts × G rollouts (no expansion)."""
+    return _uniform_prompts(spec.total // spec.group_size_G, v.shape[0], spec.group_size_G, rng)
+
+
+def roots_uniform(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+    """TreePO / trace-prefix-only: M/G random prompts × G rollouts (the rest goes to expansion)."""
+    return _uniform_prompts(spec.roots_M // spec.group_size_G, v.shape[0], spec.group_size_G, rng)
+
+
+def roots_pcl(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+    """PCL: the M(1+N)/G prompts whose predicted v is nearest 0.5, G rollouts each (random ties)."""
+    n = spec.total // spec.group_size_G
+    if n > v.shape[0]:
+        raise ValueError(f"PCL needs {n} prompts but the pool holds only {v.shape[0]}")
+    order = np.lexsort((rng.permutation(v.shape[0]), np.abs(v - 0.5)))
+    m = np.zeros(v.shape[0], dtype=np.int64)
+    m[order[:n]] = spec.group_size_G
+    return m
+
+
+def roots_trace(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+    """TRACE stage 1: the exact optimum of SPEC §2 with budget M."""
+    return allocate_roots(v, spec.roots_M, spec.max_per_prompt)
+
+
+def prefixes_trace(p: np.ndarray, r: np.ndarray, budget: int, turn: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """TRACE stage 2: the exact optimum of SPEC §3."""
+    return allocate_prefixes(p, r, budget, turn)
+
+
+def prefixes_random(
+    p: np.ndarray, r: np.ndarray, budget: int, turn: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """TreePO / trace-root-only: each continuation goes to a uniformly random anchor."""
+    _check_prefix_inputs(p, r, turn)
+    if budget and p.shape[0] == 0:
+        raise ValueError(f"budget = {budget} but there are no anchors to spend it on")
+    if p.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.bincount(rng.integers(0, p.shape[0], size=budget), minlength=p.shape[0]).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named allocation method: a root rule and, when it expands, a prefix rule (SPEC §4)."""
+
+    name: str
+    root_rule: RootRule
+    prefix_rule: PrefixRule | None
+    description: str
+
+    @property
+    def expands(self) -> bool:
+        return self.prefix_rule is not None
+
+    def allocate_roots(self, v: object, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+        v = _as_probabilities(v, "v")
+        m = self.root_rule(v, spec, rng)
+        expected = spec.roots_M if self.expands else spec.total
+        if int(m.sum()) != expected:  # a loud guard on the equal-cost contract
+            raise AssertionError(f"{self.name}: root allocation spends {int(m.sum())}, expected {expected}")
+        return m
+
+    def prefix_budget(self, m_i: int, spec: BudgetSpec) -> int:
+        return int(m_i) * spec.expansion_N if self.expands else 0
+
+    def allocate_prefixes(
+        self, p: object, r: object, budget: int, turn: object, rng: np.random.Generator
+    ) -> np.ndarray:
+        if self.prefix_rule is None:
+            if budget:
+                raise ValueError(f"method {self.name!r} does not expand prefixes but got budget {budget}")
+            return np.zeros(np.asarray(p).shape[0], dtype=np.int64)
+        p_arr, r_arr, t = _check_prefix_inputs(p, r, turn)
+        return self.prefix_rule(p_arr, r_arr, int(budget), t, rng)
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+    if method.name in METHODS:
+        raise ValueError(f"allocation method {method.name!r} is already registered")
+    METHODS[method.name] = method
+    return method
+
+
+def get_method(name: str) -> Method:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown allocation method {name!r}; known: {', '.join(sorted(METHODS))}") from None
+
+
+register_method(Method("grpo", roots_uniform_all, None, "uniform: M(1+N)/G random prompts × G, no expansion"))
+register_method(Method("pcl", roots_pcl, None, "M(1+N)/G prompts with v nearest 0.5 × G, no expansion"))
+register_method(Method("treepo", roots_uniform, prefixes_random, "M/G random prompts × G; random anchors"))
+register_method(Method("trace", roots_trace, prefixes_trace, "exact SPEC §2 roots; exact SPEC §3 prefixes"))
+register_method(Method("trace-root-only", roots_trace, prefixes_random, "exact SPEC §2 roots; random anchors"))
+register_method(Method("trace-prefix-only", roots_uniform, prefixes_trace, "M/G random prompts × G; exact §3"))
