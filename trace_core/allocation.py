@@ -26,7 +26,7 @@ def _as_probabilities(x: object, name: str) -> np.ndarray:
     bad = ~np.isfinite(arr) | (arr < 0.0) | (arr > 1.0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name}[{i}] = {arr[i]!r} is not a probability in [0, 1] (NaN is not allowed)")
+        raise ValueError(f"{name}[{i}] = {float(arr[i])!r} is not a probability in [0, 1] (NaN is not allowed)")
     return arr
 
 
@@ -245,7 +245,7 @@ def _check_prefix_inputs(p: object, r: object, turn: object | None) -> tuple[np.
     bad = ~np.isin(r_arr, (0.0, 1.0))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"r[{i}] = {r_arr[i]!r}: rewards of bare rollouts must be 0 or 1")
+        raise ValueError(f"r[{i}] = {float(r_arr[i])!r}: rewards of bare rollouts must be 0 or 1")
     if turn is None:
         t = np.zeros(p.shape, dtype=np.int64)
     else:

@@ -1,0 +1,257 @@
+"""SPEC §2–§4 allocators against brute force, the DP, and every bad-input rule."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from trace_core.allocation import (
+    METHODS,
+    BudgetSpec,
+    allocate_prefixes,
+    allocate_prefixes_greedy,
+    allocate_roots,
+    allocate_roots_dp,
+    check_root_budget,
+    get_method,
+    prefix_objective,
+    prefix_value,
+    root_objective,
+    root_value,
+)
+
+# Probabilities with the edge values SPEC asks for (0, 0.5, 1) mixed with arbitrary ones.
+probability = st.one_of(
+    st.sampled_from([0.0, 0.5, 1.0, 0.25, 0.75]), st.floats(0.0, 1.0, allow_nan=False, allow_subnormal=False)
+)
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+
+
+def brute_force_roots(v: list[float], budget: int, max_per_prompt: int) -> float:
+    choices = [0, *range(2, max_per_prompt + 1)]
+    best = -np.inf
+    for combo in itertools.product(choices, repeat=len(v)):
+        if sum(combo) == budget:
+            best = max(best, root_objective(v, combo))
+    return best
+
+
+def brute_force_prefixes(p: list[float], r: list[int], budget: int) -> float:
+    best = -np.inf
+    for combo in itertools.product(range(budget + 1), repeat=len(p)):
+        if sum(combo) == budget:
+            best = max(best, prefix_objective(p, r, combo))
+    return best
+
+
+def is_feasible_budget(n: int, budget: int, k: int) -> bool:
+    try:
+        check_root_budget(n, budget, k)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------- root value
+def test_root_value_definition() -> None:
+    assert root_value(0.3, 0) == 0.0  # not the literal −1
+    assert root_value(0.3, 1) == 0.0
+    assert root_value(0.5, 2) == pytest.approx(0.5)
+    assert root_value(0.3, 4) == pytest.approx(1 - 0.3**4 - 0.7**4)
+    assert root_value(0.0, 8) == 0.0 and root_value(1.0, 8) == 0.0
+
+
+def test_spec_counterexamples_to_greedy() -> None:
+    # SPEC §2: greedy by gain per rollout picks (4, 0) = 0.875 < (2, 2) = 0.98.
+    m = allocate_roots([0.5, 0.4], 4)
+    assert root_objective([0.5, 0.4], m) == pytest.approx(0.98)
+    # Greedy by step gain picks (3, 2) = 0.93 < (5, 0) = 0.9375.
+    m = allocate_roots([0.5, 0.1], 5)
+    assert root_objective([0.5, 0.1], m) == pytest.approx(0.9375)
+    assert m.tolist() == [5, 0]
+
+
+def test_tie_rule_prefers_fewer_activated_prompts() -> None:
+    # (3, 3, 0) over (2, 2, 2): both 6·v(1−v).
+    m = allocate_roots([0.5, 0.5, 0.5], 6)
+    assert sorted(m.tolist()) == [0, 3, 3]
+    assert (allocate_roots_dp([0.5, 0.5, 0.5], 6) > 0).sum() == 2
+    # Deterministic: the same input always gives the same allocation.
+    v = np.random.default_rng(3).random(50).round(1)
+    assert np.array_equal(allocate_roots(v, 60), allocate_roots(v, 60))
+
+
+@FAST
+@given(
+    v=st.lists(probability, min_size=1, max_size=4),
+    budget=st.integers(0, 16),
+    max_per_prompt=st.integers(2, 5),
+)
+def test_allocate_roots_matches_brute_force(v: list[float], budget: int, max_per_prompt: int) -> None:
+    assume(is_feasible_budget(len(v), budget, max_per_prompt))
+    m = allocate_roots(v, budget, max_per_prompt)
+    assert m.sum() == budget
+    assert all(x == 0 or 2 <= x <= max_per_prompt for x in m)
+    best = brute_force_roots(v, budget, max_per_prompt)
+    assert root_objective(v, m) == pytest.approx(best, abs=1e-9)
+    assert root_objective(v, allocate_roots_dp(v, budget, max_per_prompt)) == pytest.approx(best, abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(5, 60), k=st.integers(2, 16), ties=st.booleans())
+def test_allocate_roots_matches_dp_on_larger_pools(seed: int, n: int, k: int, ties: bool) -> None:
+    rng = np.random.default_rng(seed)
+    v = rng.choice([0.0, 0.2, 0.5, 0.8, 1.0], size=n) if ties else rng.beta(0.3, 0.3, size=n)
+    budget = int(rng.integers(0, n * k + 1))
+    if k == 2:
+        budget -= budget % 2
+    assume(budget != 1)
+    m = allocate_roots(v, budget, k)
+    d = allocate_roots_dp(v, budget, k)
+    assert m.sum() == budget == d.sum()
+    assert root_objective(v, m) == pytest.approx(root_objective(v, d), abs=1e-9)
+    assert (m > 0).sum() <= (d > 0).sum() + 1  # near-ties aside, no more prompts than the DP
+
+
+@pytest.mark.parametrize(
+    ("n", "budget", "k", "rule"),
+    [
+        (4, 5, 2, "odd"),
+        (3, 1, 4, "m_i = 1 is excluded"),
+        (3, -2, 4, "cannot be negative"),
+        (3, 13, 4, "exceeds the pool's capacity"),
+        (3, 4, 1, "must be >= 2"),
+    ],
+)
+def test_infeasible_root_budgets_are_errors(n: int, budget: int, k: int, rule: str) -> None:
+    with pytest.raises(ValueError, match=rule):
+        allocate_roots(np.full(n, 0.5), budget, k)
+    with pytest.raises(ValueError, match=rule):
+        allocate_roots_dp(np.full(n, 0.5), budget, k)
+    with pytest.raises(ValueError, match=f"max_per_prompt = {k}" if k < 2 else f"budget = {budget}"):
+        allocate_roots(np.full(n, 0.5), budget, k)  # the message names the offending number
+
+
+@pytest.mark.parametrize("bad", [[0.5, float("nan")], [0.5, 1.5], [-0.1, 0.5], [[0.5, 0.5]]])
+def test_bad_probabilities_are_errors(bad: list) -> None:
+    with pytest.raises(ValueError, match=r"v(\[1\]|\[0\])? |v must be 1-D|v\[|1-D"):
+        allocate_roots(bad, 2)
+
+
+def test_budget_must_be_an_integer() -> None:
+    with pytest.raises(ValueError, match="budget must be an integer"):
+        allocate_roots([0.5, 0.5], 2.5)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- prefixes
+def test_prefix_value_definition() -> None:
+    # q = r·p + (1−r)(1−p): a success with p = 0.8 keeps its outcome with probability 0.8.
+    assert prefix_value([0.8], [1], [3])[0] == pytest.approx(1 - 0.8**3)
+    assert prefix_value([0.8], [0], [3])[0] == pytest.approx(1 - 0.2**3)
+    assert prefix_value([0.8], [1], [0])[0] == 0.0
+
+
+@FAST
+@given(
+    data=st.lists(st.tuples(probability, st.integers(0, 1)), min_size=1, max_size=4),
+    budget=st.integers(0, 7),
+)
+def test_allocate_prefixes_matches_brute_force(data: list[tuple[float, int]], budget: int) -> None:
+    p = [d[0] for d in data]
+    r = [d[1] for d in data]
+    K = allocate_prefixes(p, r, budget)
+    assert K.sum() == budget and (K >= 0).all()
+    best = brute_force_prefixes(p, r, budget)
+    assert prefix_objective(p, r, K) == pytest.approx(best, abs=1e-9)
+    assert prefix_objective(p, r, allocate_prefixes_greedy(p, r, budget)) == pytest.approx(best, abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 300), ties=st.booleans())
+def test_allocate_prefixes_matches_greedy_on_larger_inputs(seed: int, n: int, ties: bool) -> None:
+    rng = np.random.default_rng(seed)
+    p = rng.choice([0.0, 0.3, 0.5, 0.9, 1.0], size=n) if ties else rng.random(n)
+    r = rng.integers(0, 2, size=n)
+    turn = rng.integers(1, 6, size=n)
+    budget = int(rng.integers(0, 3 * n + 1))
+    K = allocate_prefixes(p, r, budget, turn)
+    G = allocate_prefixes_greedy(p, r, budget, turn)
+    assert K.sum() == budget
+    assert prefix_objective(p, r, K) == pytest.approx(prefix_objective(p, r, G), abs=1e-9)
+
+
+def test_zero_gains_still_spend_the_budget_in_tie_order() -> None:
+    # p = 1 with r = 1 (or p = 0 with r = 0): no continuation can flip; gains are all 0.
+    K = allocate_prefixes([1.0, 1.0, 0.0], [1, 1, 0], 4, turn=[3, 1, 2])
+    assert K.sum() == 4
+    # Spread first (fewest placed), then the earlier turn, then the lower index.
+    assert K.tolist() == [1, 2, 1]
+    assert allocate_prefixes([1.0, 1.0], [1, 1], 1, turn=[2, 2]).tolist() == [1, 0]
+
+
+@pytest.mark.parametrize(
+    ("p", "r", "budget", "rule"),
+    [
+        ([0.5, 0.5], [1, 2], 2, r"r\[1\] = 2.0: rewards of bare rollouts must be 0 or 1"),
+        ([0.5, float("nan")], [1, 0], 2, r"p\[1\] = nan"),
+        ([0.5, 0.5], [1], 2, "one reward per anchor"),
+        ([0.5], [1], -1, "cannot be negative"),
+        ([], [], 3, "no anchors"),
+    ],
+)
+def test_bad_prefix_inputs_are_errors(p: list, r: list, budget: int, rule: str) -> None:
+    with pytest.raises(ValueError, match=rule):
+        allocate_prefixes(p, r, budget)
+
+
+# ---------------------------------------------------------------------------- registry
+def test_budget_spec_rules() -> None:
+    spec = BudgetSpec(roots_M=512, expansion_N=2)
+    assert spec.total == 1536 and spec.pool_size == 4 * 1536 // 8
+    with pytest.raises(ValueError, match="roots_M = 12 is not divisible by group_size_G = 8"):
+        BudgetSpec(roots_M=12, expansion_N=2)
+    with pytest.raises(ValueError, match="expansion_N"):
+        BudgetSpec(roots_M=16, expansion_N=-1)
+    with pytest.raises(ValueError, match="max_per_prompt"):
+        BudgetSpec(roots_M=16, expansion_N=1, max_per_prompt=1)
+
+
+def test_unknown_method_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="unknown allocation method 'ppo'; known: grpo, pcl"):
+        get_method("ppo")
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_spends_the_same_total_budget(name: str) -> None:
+    spec = BudgetSpec(roots_M=32, expansion_N=2)
+    rng = np.random.default_rng(0)
+    method = get_method(name)
+    v = rng.beta(0.15, 0.15, size=spec.pool_size)
+    m = method.allocate_roots(v, spec, rng)
+    assert m.shape == v.shape and all(x == 0 or x >= 2 for x in m)
+    total = int(m.sum())
+    for mi in m[m > 0]:
+        budget = method.prefix_budget(mi, spec)
+        anchors = int(rng.integers(1, 10))
+        K = method.allocate_prefixes(rng.random(anchors), rng.integers(0, 2, anchors), budget, np.ones(anchors), rng)
+        assert K.sum() == budget
+        total += int(K.sum())
+    assert total == spec.total
+
+
+def test_pcl_picks_prompts_nearest_one_half() -> None:
+    spec = BudgetSpec(roots_M=8, expansion_N=0, group_size_G=8, pool_factor=2)
+    v = np.array([0.0, 0.49, 0.9, 1.0, 0.1, 0.55, 0.3, 0.95, 0.2, 0.05, 0.7, 0.99, 0.02, 0.4, 0.97, 0.01])
+    m = get_method("pcl").allocate_roots(v[: spec.pool_size], spec, np.random.default_rng(0))
+    assert np.flatnonzero(m).tolist() == [1]
+
+
+def test_trace_root_allocation_is_the_exact_optimum() -> None:
+    spec = BudgetSpec(roots_M=16, expansion_N=2)
+    v = np.random.default_rng(1).random(spec.pool_size)
+    m = get_method("trace").allocate_roots(v, spec, np.random.default_rng(0))
+    assert root_objective(v, m) == pytest.approx(root_objective(v, allocate_roots_dp(v, 16, 16)), abs=1e-9)
