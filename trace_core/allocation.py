@@ -16,6 +16,8 @@ import numpy as np
 # Unit gains closer than this are treated as equal when the tie rules apply (SPEC §2 "Ties").
 # With at most ~1e3 tied units per step the objective moves by < 1e-9, the tolerance SPEC uses.
 GAIN_TIE_TOL = 1e-12
+# allocate_prefixes stops bisecting once this few units lie between its brackets.
+_FINISH_UNITS = 1 << 16
 
 
 # ============================================================================ validation
@@ -327,14 +329,8 @@ def allocate_prefixes(p: object, r: object, budget: int, turn: object | None = N
     hi, lo = float(first.max()), 1e-300
     lo_count_ok = int(units_above(lo).sum()) >= budget
     if lo_count_ok:
-        for _ in range(200):
-            if hi <= lo * (1.0 + 1e-12):
-                break
-            mid = float(np.sqrt(lo * hi))
-            if int(units_above(mid).sum()) >= budget:
-                lo = mid
-            else:
-                hi = mid
+        lo, hi = _bisect_prefix_threshold(log_first[finite_q], inv_log_q[finite_q],
+                                          int((positive & ~finite_q).sum()), budget, lo, hi, cap)
     else:  # the rest of the gains are below 1e-300: treat them as zero-gain ties
         K[:] = units_above(lo)
         _spread_ties(K, t, budget - int(K.sum()), np.arange(A))
@@ -355,6 +351,40 @@ def allocate_prefixes(p: object, r: object, budget: int, turn: object | None = N
     if short:
         _spread_ties(K, t, short, np.arange(A))
     return K
+
+
+def _bisect_prefix_threshold(
+    log_first: np.ndarray, inv_log_q: np.ndarray, n_single: int, budget: int, lo: float, hi: float, cap: float
+) -> tuple[float, float]:
+    """Bisect λ in log space until count(hi) < budget <= count(lo) with few units in between.
+
+    Only anchors with 0 < q < 1 are passed (``n_single`` anchors with q = 0 hold one unit for
+    every λ < 1). An anchor whose count is the same at both brackets stays constant inside them,
+    so it leaves the active set: after a few halvings only the anchors near λ are evaluated."""
+    def counts(lam: float, lf: np.ndarray, c: np.ndarray) -> np.ndarray:
+        x = (np.log(lam) - lf) * c
+        np.ceil(x, out=x)
+        return np.clip(x, 0.0, cap, out=x)
+
+    cnt_lo = counts(lo, log_first, inv_log_q)
+    cnt_hi = np.zeros_like(cnt_lo)  # hi = max first gain: no unit is above it
+    lf, c = log_first, inv_log_q
+    base = float(n_single)
+    for _ in range(200):
+        between = cnt_lo - cnt_hi
+        if hi <= lo * (1.0 + 1e-12) or float(between.sum()) <= _FINISH_UNITS:
+            break
+        keep = between > 0
+        if np.count_nonzero(keep) < 0.5 * keep.size:  # compact only when it pays for the copies
+            base += float(cnt_lo[~keep].sum())
+            lf, c, cnt_lo, cnt_hi = lf[keep], c[keep], cnt_lo[keep], cnt_hi[keep]
+        mid = float(np.sqrt(lo * hi))
+        cnt_mid = counts(mid, lf, c)
+        if base + float(cnt_mid.sum()) >= budget:
+            lo, cnt_lo = mid, cnt_mid
+        else:
+            hi, cnt_hi = mid, cnt_mid
+    return lo, hi
 
 
 def _spread_ties(K: np.ndarray, turn: np.ndarray, count: int, candidates: np.ndarray) -> None:

@@ -1,0 +1,260 @@
+"""Tests for trace_core.metrics (SPEC §7)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trace_core.advantages import tree_advantages
+from trace_core.metrics import (
+    allocation_stats,
+    anchor_allocation,
+    contrastive_yield,
+    effective_ratio,
+    predictor_spearman,
+    prefix_effective_ratio,
+    reward_stats,
+    root_and_prefix_pairs,
+    spearman,
+)
+from trace_core.tree import ROOT, RolloutTree
+
+
+def run(tree: RolloutTree, turns: int, reward: float, branch: int = ROOT, kind: str | None = None,
+        tool_error_at: int | None = None) -> list[int]:
+    """Add a finished trajectory of ``turns`` turns (2 model tokens + 1 observation each)."""
+    kind = kind or ("bare" if branch == ROOT else "continuation")
+    traj = tree.start_trajectory(kind, branch_node=branch)  # type: ignore[arg-type]
+    nodes = [
+        tree.add_turn(traj, [5, 6, 7], [1, 1, 0], info={"tool_error": i == tool_error_at})
+        for i in range(turns)
+    ]
+    tree.finish(traj, reward)
+    return nodes
+
+
+def make_tree(name: str, rewards: list[float]) -> RolloutTree:
+    tree = RolloutTree(name)
+    for r in rewards:
+        run(tree, 2, r)
+    return tree
+
+
+# ---------------------------------------------------------------------------- effective ratios
+def test_effective_ratio_counts_activated_prompts_only() -> None:
+    trees = [
+        make_tree("mixed", [1, 0, 0]),
+        make_tree("all-success", [1, 1]),
+        make_tree("all-fail", [0, 0]),
+        make_tree("half-credit", [0.6, 0.5]),  # 0.6 > 0.5 succeeds, 0.5 fails
+        RolloutTree("skipped"),  # no trajectory: not activated
+    ]
+    assert effective_ratio(trees) == pytest.approx(2 / 4)
+    # a continuation's leaf counts as a leaf of the tree
+    tree = make_tree("cont", [1, 1])
+    run(tree, 1, 0.0, branch=tree.anchors()[0])
+    assert effective_ratio([tree]) == 1.0
+
+
+def test_effective_ratio_without_activated_prompts_is_nan() -> None:
+    assert math.isnan(effective_ratio([]))
+    assert math.isnan(effective_ratio([RolloutTree("a"), RolloutTree("b")]))
+
+
+def test_prefix_effective_ratio() -> None:
+    tree = RolloutTree("p")
+    a = run(tree, 3, 1.0)
+    b = run(tree, 3, 0.0)
+    run(tree, 1, 0.0, branch=a[0])  # A1's group: bare A (1) + this (0): both outcomes
+    run(tree, 1, 1.0, branch=a[1])  # A2's group: bare A (1) + this (1): one outcome
+    run(tree, 2, 0.0, branch=b[1])  # B2's group: bare B (0) + two continuations (0, 0): one outcome
+    run(tree, 1, 0.0, branch=b[1])
+    other = RolloutTree("q")
+    c = run(other, 2, 0.0)
+    run(other, 1, 1.0, branch=c[0])  # both outcomes
+    assert sorted(tree.expanded_anchors()) == [a[0], a[1], b[1]]
+    assert prefix_effective_ratio([tree, other]) == pytest.approx(2 / 4)
+    # the tree as a whole is mixed even where its anchor groups are not
+    assert effective_ratio([tree]) == 1.0
+
+
+def test_prefix_effective_ratio_without_expanded_anchors_is_nan() -> None:
+    assert math.isnan(prefix_effective_ratio([make_tree("a", [1, 0]), RolloutTree("b")]))
+    root_only = make_tree("c", [1])
+    run(root_only, 1, 0.0, kind="continuation")  # extra root rollout: the root is not an anchor
+    assert math.isnan(prefix_effective_ratio([root_only]))
+
+
+# ---------------------------------------------------------------------------- contrastive yield
+def test_contrastive_yield_on_spec_example() -> None:
+    tree = RolloutTree("p")
+    a = run(tree, 2, 1.0)
+    run(tree, 2, 0.0)
+    for _ in range(10):
+        run(tree, 1, 1.0, branch=a[0])  # all agree with bare A: zero advantage on their nodes
+    flat = make_tree("flat", [1, 1, 1, 1])  # uniform: zero everywhere
+    trees = [tree, flat]
+    adv = [tree_advantages(t) for t in trees]
+    # only the two bare rollouts of the first tree carry signal: 2 of 16 trajectories
+    assert contrastive_yield(trees, adv) == pytest.approx(100 * 2 / 16)
+    # a nonzero advantage on a shared node counts for the trajectory that generated it only
+    adv[0][:] = 0.0
+    adv[0][a[0]] = 0.5
+    assert contrastive_yield(trees, adv) == pytest.approx(100 * 1 / 16)
+    assert math.isnan(contrastive_yield([RolloutTree("e")], [np.zeros(1)]))
+
+
+def test_contrastive_yield_bad_input() -> None:
+    tree = make_tree("a", [1, 0])
+    adv = tree_advantages(tree)
+    with pytest.raises(ValueError, match="advantages must have one array per tree"):
+        contrastive_yield([tree], [adv, adv])
+    with pytest.raises(ValueError, match=r"advantages\[0\] must have one value per node"):
+        contrastive_yield([tree], [adv[:-1]])
+    bad = adv.copy()
+    bad[1] = np.nan
+    with pytest.raises(ValueError, match=r"advantages\[0\] has non-finite"):
+        contrastive_yield([tree], [bad])
+    with pytest.raises(ValueError, match="single RolloutTree"):
+        contrastive_yield(tree, [adv])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- Spearman
+def test_spearman_with_ties_and_nans() -> None:
+    # ranks: pred (1, 2.5, 2.5, 4), target (1, 3, 2, 4): rho = 4.5 / sqrt(4.5 * 5) = sqrt(0.9)
+    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(math.sqrt(0.9))
+    assert spearman([1, 2, 2, 3, np.nan, 7], [1, 3, 2, 4, 5, np.nan]) == pytest.approx(math.sqrt(0.9))
+    assert spearman([3, 2, 1], [0.1, 0.5, 0.9]) == pytest.approx(-1.0)
+    assert math.isnan(spearman([1.0], [2.0]))
+    assert math.isnan(spearman([1, 2, np.nan], [np.nan, 1, 1]))
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))  # constant side: undefined
+    assert math.isnan(spearman([], []))
+    with pytest.raises(ValueError, match="pred .* and target .* must have the same length"):
+        spearman([1, 2, 3], [1, 2])
+
+
+def test_predictor_spearman_at_roots_and_prefixes() -> None:
+    t1 = RolloutTree("a")  # V̂(root) = 1/3
+    a = run(t1, 3, 1.0)
+    run(t1, 1, 0.0)
+    run(t1, 1, 0.0, branch=a[0])  # A1 has 2 leaves below (V̂ = 1/2), A2 only 1 (V̂ = 1)
+    t2 = make_tree("b", [1, 1])  # V̂(root) = 1; its anchors have 1 leaf each
+    t3 = RolloutTree("c")  # V̂(root) = 0
+    c = run(t3, 2, 0.0)
+    run(t3, 1, 0.0, branch=c[0])  # C1: 2 leaves, V̂ = 0
+    pred = [np.full(len(t.nodes), np.nan) for t in (t1, t2, t3)]
+    pred[0][[ROOT, a[0], a[1]]] = [0.5, 0.2, 0.9]
+    pred[1][ROOT] = 0.8
+    pred[2][[ROOT, c[0]]] = [0.1, 0.7]
+    (rp, rt), (pp, pt) = root_and_prefix_pairs([t1, t2, t3], pred)
+    np.testing.assert_allclose(rt, [1 / 3, 1, 0])
+    np.testing.assert_allclose(rp, [0.5, 0.8, 0.1])
+    np.testing.assert_allclose(pt, [0.5, 0.0])  # A1 and C1; A2 has a single leaf below
+    np.testing.assert_allclose(pp, [0.2, 0.7])
+    result = predictor_spearman([t1, t2, t3], pred)
+    assert result.root == pytest.approx(1.0)
+    assert result.prefix == pytest.approx(-1.0)
+    assert (result.num_roots, result.num_prefixes) == (3, 2)
+    # with min_leaves=1, A2 and the single-leaf anchors enter (the unscored ones drop as NaN)
+    _, (pp1, pt1) = root_and_prefix_pairs([t1, t2, t3], pred, min_leaves=1)
+    np.testing.assert_allclose(pp1, [0.2, 0.9, 0.7])
+    np.testing.assert_allclose(pt1, [0.5, 1.0, 0.0])
+    with pytest.raises(ValueError, match="predictions must have one array per tree"):
+        predictor_spearman([t1], pred)
+    with pytest.raises(ValueError, match=r"predictions\[0\] must have one value per node"):
+        predictor_spearman([t1], [pred[0][:-1]])
+    with pytest.raises(ValueError, match="min_leaves"):
+        predictor_spearman([t1], pred[:1], min_leaves=0)
+
+
+# ---------------------------------------------------------------------------- allocation
+def test_allocation_stats_hand_computed() -> None:
+    m = [0, 0, 2, 4, 0, 3, 0, 0]
+    k = [3, 0, 1, 2, 6]
+    pos = [0.0, 0.25, 0.5, 0.5, 0.8]  # bins of width 0.2: 0, 1, 2, 2, 4
+    stats = allocation_stats(m, k, pos)
+    assert stats.pool_size == 8
+    assert stats.skipped_share == pytest.approx(5 / 8)
+    assert stats.mean_m_selected == pytest.approx(3.0)
+    assert stats.mean_rollouts_selected == pytest.approx((9 + 12) / 3)
+    np.testing.assert_array_equal(stats.m_histogram, [5, 0, 1, 1, 1])
+    np.testing.assert_allclose(stats.position_bin_edges, [0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    np.testing.assert_array_equal(stats.k_by_position, [3, 0, 3, 0, 6])
+    np.testing.assert_array_equal(stats.anchors_by_position, [1, 1, 2, 0, 1])
+    np.testing.assert_allclose(stats.k_share_by_position, [0.25, 0, 0.25, 0, 0.5])
+    assert stats.budget_trajectories == 21
+    assert stats.generated_tokens is None
+
+
+def test_allocation_stats_edge_cases() -> None:
+    stats = allocation_stats([0, 0], [], [])
+    assert stats.skipped_share == 1.0
+    assert math.isnan(stats.mean_m_selected) and math.isnan(stats.mean_rollouts_selected)
+    assert np.all(np.isnan(stats.k_share_by_position))
+    assert stats.budget_trajectories == 0
+    empty = allocation_stats([], [], [])
+    assert empty.pool_size == 0 and math.isnan(empty.skipped_share)
+    np.testing.assert_array_equal(empty.m_histogram, [0])
+
+
+def test_allocation_stats_bad_input() -> None:
+    with pytest.raises(ValueError, match="m must hold non-negative integers"):
+        allocation_stats([2, -1], [], [])
+    with pytest.raises(ValueError, match="m must hold non-negative integers"):
+        allocation_stats([2.5], [], [])
+    with pytest.raises(ValueError, match="anchor_k must hold non-negative integers"):
+        allocation_stats([2], [np.nan], [0.5])
+    with pytest.raises(ValueError, match="anchor_position .* and anchor_k .* same length"):
+        allocation_stats([2], [1, 2], [0.5])
+    with pytest.raises(ValueError, match=r"anchor_position values must lie in \[0, 1\)"):
+        allocation_stats([2], [1], [1.0])
+    with pytest.raises(ValueError, match="n_position_bins"):
+        allocation_stats([2], [1], [0.5], n_position_bins=0)
+
+
+def test_anchor_allocation_from_trees_and_token_budget() -> None:
+    tree = RolloutTree("p")
+    a = run(tree, 4, 1.0)  # anchors at t = 1, 2, 3 of T = 4
+    run(tree, 2, 0.0)  # anchor at t = 1 of T = 2
+    run(tree, 1, 0.0, branch=a[1])
+    run(tree, 2, 1.0, branch=a[1])
+    run(tree, 1, 0.0, branch=a[2])
+    anchorless = RolloutTree("q")
+    run(anchorless, 1, 1.0)  # one-turn bare rollout, not expanded: contributes no entry
+    single = RolloutTree("r")
+    run(single, 1, 1.0)
+    run(single, 1, 0.0, kind="continuation")  # SPEC §3: the budget went to the root
+    run(single, 1, 1.0, kind="continuation")
+    k, pos = anchor_allocation([tree, anchorless, single])
+    np.testing.assert_array_equal(k, [0, 2, 1, 0, 2])
+    np.testing.assert_allclose(pos, [0.25, 0.5, 0.75, 0.5, 0.0])
+    stats = allocation_stats([2, 1, 0], k, pos, trees=[tree, single], n_position_bins=4)
+    np.testing.assert_array_equal(stats.k_by_position, [2, 0, 2, 1])
+    assert stats.budget_trajectories == 3 + 5
+    # 2 model tokens per turn: tree has 4 + 2 + 1 + 2 + 1 turns, single has 3
+    assert stats.generated_tokens == 2 * (10 + 3)
+
+
+# ---------------------------------------------------------------------------- rewards
+def test_reward_stats() -> None:
+    tree = RolloutTree("p")
+    a = run(tree, 3, 1.0, tool_error_at=1)
+    run(tree, 1, 0.0)
+    run(tree, 1, 0.6, branch=a[0], tool_error_at=0)  # path: A1 + its own node -> 2 turns
+    everything = reward_stats([tree])
+    assert everything.num_trajectories == 3
+    assert everything.mean_reward == pytest.approx(1.6 / 3)
+    assert everything.accuracy == pytest.approx(2 / 3)
+    assert everything.mean_response_tokens == pytest.approx(2 * (3 + 1 + 2) / 3)
+    assert everything.mean_turns == pytest.approx((3 + 1 + 2) / 3)
+    assert everything.tool_error_rate == pytest.approx(2 / 5)  # own nodes: 3 + 1 + 1
+    bare = reward_stats([tree], kind="bare")
+    assert (bare.num_trajectories, bare.accuracy, bare.tool_error_rate) == (2, 0.5, 0.25)
+    cont = reward_stats([tree], kind="continuation")
+    assert (cont.num_trajectories, cont.mean_reward, cont.mean_turns) == (1, 0.6, 2.0)
+    none = reward_stats([RolloutTree("e")])
+    assert none.num_trajectories == 0 and math.isnan(none.mean_reward)
+    with pytest.raises(ValueError, match="kind must be"):
+        reward_stats([tree], kind="roots")  # type: ignore[arg-type]

@@ -1,0 +1,318 @@
+"""The per-step metrics of SPEC §7, as pure functions over rollout trees and arrays.
+
+Outcomes are binarised with one rule everywhere: a trajectory **succeeds iff its reward is
+> 0.5** (:data:`SUCCESS_THRESHOLD`); rewards are 0/1 in the paper's tasks, and the threshold
+keeps fractional rewards (e.g. partial credit) meaningful. Only finished trajectories count.
+Ratios with an empty denominator are NaN, never 0, so that "nothing to measure" is not logged
+as "measured nothing".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import stats
+
+from trace_core.advantages import as_tree_list as _check_trees
+from trace_core.tree import ROOT, RolloutTree
+
+SUCCESS_THRESHOLD = 0.5  # reward > this is a success
+ADVANTAGE_TOL = 1e-9  # |A| above this counts as a learning signal (contrastive yield)
+
+
+def is_success(reward: ArrayLike) -> np.ndarray:
+    """The binarisation rule: ``reward > 0.5``."""
+    return np.asarray(reward, dtype=np.float64) > SUCCESS_THRESHOLD
+
+
+def _both_outcomes(rewards: np.ndarray) -> bool:
+    success = is_success(rewards)
+    return bool(success.any() and not success.all())
+
+
+# ---------------------------------------------------------------------------- contrast
+def effective_ratio(trees: Sequence[RolloutTree]) -> float:
+    """Share of activated prompts whose tree holds both a success and a failure leaf.
+
+    Activated = the tree has at least one finished trajectory (a skipped prompt has none).
+    NaN when no prompt is activated.
+    """
+    outcomes = [t.outcomes() for t in _check_trees(trees)]
+    activated = [o for o in outcomes if o.size > 0]
+    if not activated:
+        return float("nan")
+    return float(np.mean([_both_outcomes(o) for o in activated]))
+
+
+def prefix_effective_ratio(trees: Sequence[RolloutTree]) -> float:
+    """Share of expanded anchors whose group — the bare rollout through the anchor and its K
+    continuations (:meth:`RolloutTree.branch_group`) — holds both outcomes. Unfinished
+    trajectories of a group are ignored. NaN when no anchor was expanded."""
+    flags = []
+    for tree in _check_trees(trees):
+        for anchor in tree.expanded_anchors():
+            group = [tree.trajectories[j] for j in tree.branch_group(anchor)]
+            rewards = np.array([tree.trajectory_reward(t.id) for t in group if t.finished])
+            flags.append(_both_outcomes(rewards))
+    return float(np.mean(flags)) if flags else float("nan")
+
+
+def contrastive_yield(trees: Sequence[RolloutTree], advantages: Sequence[ArrayLike]) -> float:
+    """Per 100 finished trajectories (bare rollouts and continuations), the number with at least
+    one own node — generated after its branching point — whose ``|A| > 1e-9``.
+
+    ``advantages[i]`` is tree ``i``'s per-node advantage array (an estimator's output). Guards
+    against an effective ratio inflated by activating fewer prompts. NaN when no trajectory
+    finished.
+    """
+    trees = _check_trees(trees)
+    if len(advantages) != len(trees):
+        raise ValueError(f"advantages must have one array per tree ({len(trees)}), got {len(advantages)}")
+    total = useful = 0
+    for i, (tree, adv) in enumerate(zip(trees, advantages, strict=True)):
+        adv = np.asarray(adv, dtype=np.float64)
+        if adv.shape != (len(tree.nodes),):
+            raise ValueError(
+                f"advantages[{i}] must have one value per node ({len(tree.nodes)}), got shape {adv.shape}"
+            )
+        if not np.all(np.isfinite(adv[1:])):
+            raise ValueError(f"advantages[{i}] has non-finite values on generated nodes")
+        for traj in tree.trajectories:
+            if traj.finished:
+                total += 1
+                useful += bool(np.any(np.abs(adv[traj.nodes]) > ADVANTAGE_TOL))
+    return 100.0 * useful / total if total else float("nan")
+
+
+# ---------------------------------------------------------------------------- predictor
+def spearman(pred: ArrayLike, target: ArrayLike) -> float:
+    """Spearman rank correlation of ``pred`` and ``target`` (ties take average ranks).
+
+    Pairs where either value is NaN are dropped. NaN when fewer than two pairs remain or either
+    side is constant (the correlation is undefined there)."""
+    p = np.asarray(pred, dtype=np.float64).ravel()
+    t = np.asarray(target, dtype=np.float64).ravel()
+    if p.shape != t.shape:
+        raise ValueError(f"pred ({p.size}) and target ({t.size}) must have the same length")
+    keep = ~(np.isnan(p) | np.isnan(t))
+    p, t = p[keep], t[keep]
+    if p.size < 2 or np.ptp(p) == 0 or np.ptp(t) == 0:
+        return float("nan")
+    return float(stats.spearmanr(p, t).statistic)
+
+
+@dataclass(frozen=True)
+class PredictorSpearman:
+    """SPEC §5/§7 diagnostic: rank correlation of predicted and tree-backed values."""
+
+    root: float  # over prompt roots (one pair per tree)
+    prefix: float  # over internal nodes with >= min_leaves leaves below
+    num_roots: int  # pairs that entered each correlation
+    num_prefixes: int
+
+
+def root_and_prefix_pairs(
+    trees: Sequence[RolloutTree], predictions: Sequence[ArrayLike], min_leaves: int = 2
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """``((pred, target) at roots, (pred, target) at prefixes)``, target = SPEC §5's ``V̂``.
+
+    ``predictions[i]`` holds the predictor's value for each node of tree ``i`` (NaN where it was
+    not scored). Prefixes are the non-root, non-terminal nodes with at least ``min_leaves``
+    leaves below — by default SPEC §5's informative internal nodes; a prefix with one leaf has
+    a single 0/1 outcome as its target. Pairs with a NaN on either side are dropped.
+    """
+    trees = _check_trees(trees)
+    if len(predictions) != len(trees):
+        raise ValueError(f"predictions must have one array per tree ({len(trees)}), got {len(predictions)}")
+    if min_leaves < 1:
+        raise ValueError(f"min_leaves must be >= 1, got {min_leaves}")
+    root_p, root_t, pre_p, pre_t = [], [], [], []
+    for i, (tree, pred) in enumerate(zip(trees, predictions, strict=True)):
+        pred = np.asarray(pred, dtype=np.float64)
+        if pred.shape != (len(tree.nodes),):
+            raise ValueError(
+                f"predictions[{i}] must have one value per node ({len(tree.nodes)}), got shape {pred.shape}"
+            )
+        target, leaves = tree.tree_values(), tree.leaf_counts()
+        root_p.append(pred[ROOT])
+        root_t.append(target[ROOT])
+        for n in tree.nodes[1:]:
+            if not n.terminal and leaves[n.id] >= min_leaves:
+                pre_p.append(pred[n.id])
+                pre_t.append(target[n.id])
+
+    def finite(p: list[float], t: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        pa, ta = np.array(p, dtype=np.float64), np.array(t, dtype=np.float64)
+        keep = ~(np.isnan(pa) | np.isnan(ta))
+        return pa[keep], ta[keep]
+
+    return finite(root_p, root_t), finite(pre_p, pre_t)
+
+
+def predictor_spearman(
+    trees: Sequence[RolloutTree], predictions: Sequence[ArrayLike], min_leaves: int = 2
+) -> PredictorSpearman:
+    """Spearman between predictions and ``V̂``, separately at prompt roots and at prefixes
+    (see :func:`root_and_prefix_pairs` for which nodes count)."""
+    (rp, rt), (pp, pt) = root_and_prefix_pairs(trees, predictions, min_leaves)
+    return PredictorSpearman(
+        root=spearman(rp, rt), prefix=spearman(pp, pt), num_roots=rp.size, num_prefixes=pp.size
+    )
+
+
+# ---------------------------------------------------------------------------- allocation
+@dataclass(frozen=True)
+class AllocationStats:
+    """SPEC §7's allocation histograms and budget for one step (SPEC §8 reports the paper's)."""
+
+    pool_size: int  # candidate prompts
+    skipped_share: float  # share of the pool with m = 0 (NaN for an empty pool)
+    mean_m_selected: float  # bare rollouts per selected prompt (NaN if none selected)
+    mean_rollouts_selected: float  # bare rollouts + continuations per selected prompt
+    m_histogram: np.ndarray  # int64, m_histogram[k] = prompts with m = k, k = 0..max(m)
+    position_bin_edges: np.ndarray  # float64, n_bins + 1 edges over [0, 1]
+    k_by_position: np.ndarray  # int64, continuations allocated to anchors in each bin
+    anchors_by_position: np.ndarray  # int64, anchors in each bin (expanded or not)
+    budget_trajectories: int  # Σ m + Σ K
+    generated_tokens: int | None  # model-written tokens of the given trees (None without trees)
+
+    @property
+    def k_share_by_position(self) -> np.ndarray:
+        """Share of the prefix budget per position bin (NaN where no continuation was given)."""
+        total = self.k_by_position.sum()
+        return self.k_by_position / total if total else np.full(self.k_by_position.shape, np.nan)
+
+
+def anchor_allocation(trees: Sequence[RolloutTree]) -> tuple[np.ndarray, np.ndarray]:
+    """Realised ``(K, relative position)`` per anchor, read from the trees.
+
+    ``K`` counts the continuations started at each anchor (all anchors listed, K = 0 included);
+    the position is ``t / T`` in (0, 1). A tree whose root received continuations (SPEC §3's
+    extra root rollouts for an anchorless prompt) contributes one entry at position 0.
+    """
+    ks: list[int] = []
+    positions: list[float] = []
+    for tree in _check_trees(trees):
+        starts: dict[int, int] = {}
+        for traj in tree.trajectories:
+            if traj.kind == "continuation":
+                starts[traj.branch_node] = starts.get(traj.branch_node, 0) + 1
+        if starts.get(ROOT):
+            ks.append(starts[ROOT])
+            positions.append(0.0)
+        for a in tree.anchors():
+            ks.append(starts.get(a, 0))
+            positions.append(tree.relative_position(a))
+    return np.array(ks, dtype=np.int64), np.array(positions, dtype=np.float64)
+
+
+def allocation_stats(
+    m: ArrayLike,
+    anchor_k: ArrayLike,
+    anchor_position: ArrayLike,
+    trees: Sequence[RolloutTree] | None = None,
+    n_position_bins: int = 5,
+) -> AllocationStats:
+    """Allocation histograms and budget of one step.
+
+    ``m``: root rollouts per pool prompt (0 = skipped). ``anchor_k`` / ``anchor_position``: K and
+    relative turn position ``t/T`` per anchor of the selected prompts (position 0 = the root of
+    an anchorless prompt; see :func:`anchor_allocation`). Positions are binned into
+    ``n_position_bins`` equal bins over [0, 1). ``trees``, if given, supplies the generated-token
+    count. "Mean m" is reported both without continuations (bare rollouts only) and with them,
+    since the paper does not say which it reports (SPEC §8).
+    """
+    m_arr = _int_array(m, "m")
+    k_arr = _int_array(anchor_k, "anchor_k")
+    pos = np.asarray(anchor_position, dtype=np.float64).ravel()
+    if pos.shape != k_arr.shape:
+        raise ValueError(
+            f"anchor_position ({pos.size}) and anchor_k ({k_arr.size}) must have the same length"
+        )
+    if np.any(~np.isfinite(pos)) or np.any((pos < 0) | (pos >= 1)):
+        raise ValueError("anchor_position values must lie in [0, 1) (t/T with t < T; 0 = root)")
+    if n_position_bins < 1:
+        raise ValueError(f"n_position_bins must be >= 1, got {n_position_bins}")
+    selected = m_arr > 0
+    n_selected = int(selected.sum())
+    edges = np.linspace(0.0, 1.0, n_position_bins + 1)
+    bin_of = np.minimum((pos * n_position_bins).astype(np.int64), n_position_bins - 1)
+    total_k = int(k_arr.sum())
+    tokens = None if trees is None else sum(t.num_generated_tokens() for t in _check_trees(trees))
+    return AllocationStats(
+        pool_size=m_arr.size,
+        skipped_share=float(np.mean(~selected)) if m_arr.size else float("nan"),
+        mean_m_selected=float(m_arr[selected].mean()) if n_selected else float("nan"),
+        mean_rollouts_selected=(int(m_arr.sum()) + total_k) / n_selected if n_selected else float("nan"),
+        m_histogram=np.bincount(m_arr, minlength=1).astype(np.int64),
+        position_bin_edges=edges,
+        k_by_position=np.bincount(bin_of, weights=k_arr, minlength=n_position_bins).astype(np.int64),
+        anchors_by_position=np.bincount(bin_of, minlength=n_position_bins).astype(np.int64),
+        budget_trajectories=int(m_arr.sum()) + total_k,
+        generated_tokens=tokens,
+    )
+
+
+# ---------------------------------------------------------------------------- rewards
+@dataclass(frozen=True)
+class RewardStats:
+    """Outcome statistics over finished trajectories (NaN fields when there are none)."""
+
+    num_trajectories: int
+    mean_reward: float
+    accuracy: float  # share of successes (reward > 0.5)
+    mean_response_tokens: float  # model-written tokens on the root→leaf path (shared prefix included)
+    mean_turns: float  # depth of the leaf
+    tool_error_rate: float  # share of generated turn nodes with a truthy info["tool_error"]
+
+
+TrajectoryKind = Literal["all", "bare", "continuation"]
+
+
+def reward_stats(trees: Sequence[RolloutTree], kind: TrajectoryKind = "all") -> RewardStats:
+    """Rewards, accuracy, response length, turns and tool errors of the finished trajectories of
+    ``kind``. ``"bare"`` gives the on-policy view (continuations start from chosen prefixes,
+    so their outcomes are conditioned). Tool errors are counted over the trajectories' own
+    nodes, from the node ``info`` key ``"tool_error"``."""
+    if kind not in ("all", "bare", "continuation"):
+        raise ValueError(f"kind must be 'all', 'bare' or 'continuation', got {kind!r}")
+    rewards: list[float] = []
+    lengths: list[int] = []
+    turns: list[int] = []
+    own_nodes = tool_errors = 0
+    for tree in _check_trees(trees):
+        for traj in tree.trajectories:
+            if traj.leaf is None or (kind != "all" and traj.kind != kind):
+                continue
+            rewards.append(tree.trajectory_reward(traj.id))
+            lengths.append(sum(sum(tree.nodes[n].loss_mask) for n in tree.path(traj.leaf)))
+            turns.append(tree.nodes[traj.leaf].depth)
+            own_nodes += len(traj.nodes)
+            tool_errors += sum(bool(tree.nodes[n].info.get("tool_error")) for n in traj.nodes)
+    if not rewards:
+        nan = float("nan")
+        return RewardStats(0, nan, nan, nan, nan, nan)
+    r = np.array(rewards)
+    return RewardStats(
+        num_trajectories=len(rewards),
+        mean_reward=float(r.mean()),
+        accuracy=float(is_success(r).mean()),
+        mean_response_tokens=float(np.mean(lengths)),
+        mean_turns=float(np.mean(turns)),
+        tool_error_rate=tool_errors / own_nodes,
+    )
+
+
+# ---------------------------------------------------------------------------- checks
+def _int_array(values: ArrayLike, name: str) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must hold non-negative integers") from None
+    if not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)) and np.all(arr >= 0)):
+        raise ValueError(f"{name} must hold non-negative integers")
+    return arr.astype(np.int64)
