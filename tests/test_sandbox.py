@@ -1,0 +1,561 @@
+"""Tests for trace_core.envs.sandbox: hostile programs, each checked from the host side.
+
+Every hostile cell runs through `hostile()`, which checks after the call, from outside the sandbox:
+- the canary host environment variable never appears in anything the agent would read;
+- no process of the test uid is left (real uid, zombies included), nor any sandbox init of ours;
+- the sentinel files (a world-writable file in a world-writable host directory, /etc/passwd, this
+  repository's sources) are byte-for-byte unchanged, and none of the escape paths exists on the host.
+The suite runs as a dedicated uid so that sandboxes of other processes on the host cannot disturb it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trace_core.envs.sandbox import (
+    PythonSandbox,
+    PythonToolSession,
+    SandboxConfig,
+    SandboxUnavailableError,
+    ToolSnapshot,
+    run_python,
+)
+
+TEST_UID = 61_234  # not 65534: concurrent users of the default uid must not show up as leftovers
+TOKEN = "r" + secrets.token_hex(6)
+CANARY_NAME = "TRACE_SANDBOX_CANARY"
+CANARY_VALUE = f"canary-{TOKEN}-do-not-leak"
+REPO = Path(__file__).resolve().parents[1]
+SANDBOX_SOURCES = sorted((REPO / "trace_core" / "envs").glob("*sandbox*.py"))
+ESCAPE_PATHS = [
+    f"/etc/escape-{TOKEN}",
+    f"/tmp/escape-{TOKEN}",
+    f"/var/tmp/escape-{TOKEN}",
+    f"{REPO}/escape-{TOKEN}",
+    f"/root/escape-{TOKEN}",
+    f"/dev/shm/escape-{TOKEN}",
+]
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="the sandbox needs root and util-linux unshare",
+)
+
+# Cells expected to finish get a generous wall clock, so that a loaded machine cannot fail them;
+# cells that can only end by being stopped run under TIGHT limits, so that the suite stays fast.
+LIMITS = dict(uid=TEST_UID, gid=TEST_UID, memory_bytes=512 << 20, max_output_bytes=4096, max_processes=16)
+ROOMY = SandboxConfig(cpu_seconds=5, wall_seconds=30.0, **LIMITS)
+TIGHT = SandboxConfig(cpu_seconds=1, wall_seconds=2.0, **LIMITS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def canary_env():
+    os.environ[CANARY_NAME] = CANARY_VALUE
+    yield
+    del os.environ[CANARY_NAME]
+
+
+@pytest.fixture(scope="module")
+def sandbox(canary_env) -> PythonSandbox:
+    return PythonSandbox(ROOMY)
+
+
+@pytest.fixture(scope="module")
+def tight(canary_env) -> PythonSandbox:
+    return PythonSandbox(TIGHT)
+
+
+@pytest.fixture(scope="module")
+def sentinel_dir():
+    """A world-writable directory holding a world-writable file: only the sandbox stops a write."""
+    path = Path(f"/var/tmp/trace-sandbox-sentinel-{TOKEN}")
+    path.mkdir(mode=0o777)
+    path.chmod(0o777)
+    victim = path / "victim.txt"
+    victim.write_text("original\n")
+    victim.chmod(0o666)
+    yield path
+    shutil.rmtree(path)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "missing"
+
+
+def _host_state(sentinel_dir: Path) -> dict:
+    watched = [
+        sentinel_dir / "victim.txt",
+        Path("/etc/passwd"),
+        Path("/etc/hosts"),
+        *SANDBOX_SOURCES,
+        Path(__file__),
+    ]
+    state = {str(p): _digest(p) for p in watched}
+    state["sentinel listing"] = sorted(os.listdir(sentinel_dir))
+    state["sentinel mode"] = stat.filemode(sentinel_dir.stat().st_mode)
+    state["escapes"] = [p for p in ESCAPE_PATHS if os.path.lexists(p)]
+    return state
+
+
+def _leftovers() -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["pid", "uids", "cmdline", "status"]):
+        uids, cmd = proc.info["uids"], " ".join(proc.info["cmdline"] or [])
+        if (uids and TEST_UID in (uids.real, uids.effective)) or (
+            "_sandbox_init.py" in cmd and f'"uid": {TEST_UID},' in cmd
+        ):
+            found.append(f"{proc.info['pid']} {proc.info['status']} {cmd[:80]}")
+    return found
+
+
+@pytest.fixture
+def hostile(sandbox, tight, sentinel_dir):
+    """Runs one hostile cell and checks containment from the host; returns the SandboxResult.
+
+    stopped=True runs it under TIGHT limits, for cells that can only end by being stopped.
+    """
+
+    def run(code: str, stopped: bool = False):
+        before = _host_state(sentinel_dir)
+        box = tight if stopped else sandbox
+        result = box.run(textwrap.dedent(code).replace("SENTINEL", str(sentinel_dir)))
+        seen = result.observation + result.stdout + result.stderr
+        assert CANARY_VALUE not in seen and CANARY_NAME not in seen
+        assert _leftovers() == []
+        assert _host_state(sentinel_dir) == before
+        assert result.observation.strip()
+        return result
+
+    return run
+
+
+# --- normal code ---------------------------------------------------------------------------------
+
+
+def test_benign_computation_prints_the_right_result(sandbox):
+    result = sandbox.run(
+        "import sympy as sp\nx = sp.symbols('x')\nprint(sorted(sp.solve(x**2 - 5*x + 6, x)))\n"
+        "sum(i * i for i in range(101))"
+    )
+    assert result.completed and result.error is None and result.exit_code == 0
+    assert result.observation == "[2, 3]\n338350"
+
+
+def test_exception_is_shown_as_a_traceback_of_the_cell_only(sandbox):
+    result = sandbox.run("def f(n):\n    return 1 / n\nf(0)")
+    assert result.completed
+    assert result.error == "ZeroDivisionError: division by zero"
+    assert 'File "<cell 0>", line 3' in result.observation
+    assert "_sandbox_runner" not in result.observation
+
+
+def test_numpy_runs_under_the_memory_limit(sandbox):
+    result = sandbox.run("import numpy as np\nprint(int(np.arange(10**6, dtype=np.int64).sum()))")
+    assert result.observation == str(sum(range(10**6)))
+
+
+def test_private_workdir_is_writable_and_empty_each_call(sandbox):
+    first = sandbox.run(
+        "import os\nopen('notes.txt', 'w').write('hi')\nprint(os.getcwd(), sorted(os.listdir('.')))"
+    )
+    assert first.observation == "/tmp/w ['notes.txt']"
+    second = sandbox.run("import os\nprint(sorted(os.listdir('.')), sorted(os.listdir('/tmp')))")
+    assert second.observation == "[] ['w']"
+
+
+# --- hostile programs (each checked from the host by the `hostile` fixture) -----------------------
+
+
+def test_infinite_loop_is_stopped(hostile):
+    result = hostile("while True:\n    pass", stopped=True)
+    assert not result.completed
+    assert result.killed_reason in {"CPU time limit of 1 s exceeded", "wall-clock limit of 2 s exceeded"}
+    assert "[execution stopped:" in result.observation
+
+
+def test_infinite_loop_ignoring_sigxcpu_is_still_stopped(hostile):
+    result = hostile(
+        "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass", stopped=True
+    )
+    assert not result.completed and result.killed_reason is not None
+
+
+def test_fork_bomb_is_contained(hostile):
+    result = hostile(
+        """
+        import os
+        n = 0
+        while True:
+            try:
+                os.fork()
+                n += 1
+            except OSError:
+                pass
+    """,
+        stopped=True,
+    )
+    assert not result.completed and result.killed_reason is not None
+
+
+def test_process_limit_stops_spawning(hostile):
+    result = hostile("""
+        import os, time
+        made = 0
+        try:
+            for _ in range(1000):
+                if os.fork() == 0:
+                    time.sleep(30)
+                    os._exit(0)
+                made += 1
+        except OSError as exc:
+            print('stopped after', made, type(exc).__name__)
+    """)
+    assert result.completed
+    made = int(result.stdout.split()[2])
+    assert made < TIGHT.max_processes and "BlockingIOError" in result.stdout
+
+
+def test_memory_hog_gets_memory_error(hostile):
+    result = hostile("blob = bytearray(4 << 30)")
+    assert result.completed and result.memory_error
+    assert (
+        "MemoryError" in result.observation
+        and "[memory limit reached: 512 MiB per process]" in result.observation
+    )
+
+
+def test_growing_memory_hog_is_stopped(hostile):
+    result = hostile("chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))")
+    assert result.memory_error or result.killed_reason is not None
+
+
+def test_huge_output_is_truncated_and_stopped(hostile):
+    result = hostile("while True:\n    print('x' * 1000)")
+    assert result.truncated and not result.completed
+    assert len(result.stdout.encode()) + len(result.stderr.encode()) <= TIGHT.max_output_bytes
+    assert "[output truncated: the cell printed more than 4096 bytes]" in result.observation
+
+
+def test_huge_output_through_a_subprocess_is_capped(hostile):
+    result = hostile("import subprocess\nsubprocess.run(['yes'])")
+    assert result.truncated and len(result.stdout.encode()) <= TIGHT.max_output_bytes
+
+
+def test_network_is_unreachable(hostile):
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind(f"\0trace-sandbox-{TOKEN}")
+    abstract.listen(1)
+    abstract.setblocking(False)
+    try:
+        result = hostile(f"""
+            import socket
+            attempts = [('host port', ('127.0.0.1', {port})), ('internet', ('1.1.1.1', 53)),
+                        ('dns', ('pypi.org', 443))]
+            for name, addr in attempts:
+                try:
+                    socket.create_connection(addr, timeout=1).close()
+                    print(name, 'CONNECTED')
+                except OSError as exc:
+                    print(name, 'blocked', type(exc).__name__)
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect('\\0trace-sandbox-{TOKEN}')
+                print('abstract CONNECTED')
+            except OSError as exc:
+                print('abstract blocked', type(exc).__name__)
+            print(sorted(n for _, n in socket.if_nameindex()))
+        """)
+        for sock in (server, abstract):
+            with pytest.raises(BlockingIOError):
+                sock.accept()  # nothing ever reached the host's listeners
+    finally:
+        server.close()
+        abstract.close()
+    assert "CONNECTED" not in result.stdout
+    assert result.stdout.count("blocked") == 4 and "['lo']" in result.stdout
+
+
+def test_environment_and_passwd_reveal_nothing_of_the_host(hostile):
+    result = hostile("""
+        import os, glob
+        print(dict(os.environ))
+        print(open('/etc/passwd').read())
+        for path in ['/proc/self/environ', '/proc/1/environ', *glob.glob('/proc/[0-9]*/environ')]:
+            try:
+                print(path, open(path, 'rb').read())
+            except OSError as exc:
+                print(path, type(exc).__name__)
+        try:
+            print(open('/etc/shadow').read())
+        except OSError as exc:
+            print('shadow', type(exc).__name__)
+        print(len(glob.glob('/proc/[0-9]*')), 'processes visible')
+    """)
+    host_users = {line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines() if line}
+    shown_users = {line.split(":")[0] for line in result.stdout.splitlines() if line.count(":") == 6}
+    assert shown_users == {"root", "sandbox"} and host_users - shown_users
+    assert "/proc/1/environ PermissionError" in result.stdout and "shadow PermissionError" in result.stdout
+    assert "2 processes visible" in result.stdout  # the init and the runner: no host process
+
+
+def test_writes_outside_the_sandbox_are_refused(hostile):
+    escapes = ", ".join(repr(p) for p in ESCAPE_PATHS)
+    result = hostile(f"""
+        import os
+        for path in [{escapes}, 'SENTINEL/new.txt', 'SENTINEL/victim.txt', '/etc/passwd']:
+            try:
+                with open(path, 'a') as f:
+                    f.write('pwned')
+                print(path, 'written')
+            except OSError as exc:
+                print(path, type(exc).__name__)
+        try:
+            os.chmod('SENTINEL', 0o700)
+        except OSError as exc:
+            print('chmod', type(exc).__name__)
+    """)
+    written = [line for line in result.stdout.splitlines() if line.endswith(" written")]
+    # the sandbox's own /tmp and /dev/shm are private tmpfs: writing there is allowed and invisible here
+    assert sorted(written) == sorted([f"/dev/shm/escape-{TOKEN} written", f"/tmp/escape-{TOKEN} written"])
+    assert "chmod OSError" in result.stdout
+
+
+def test_deleting_files_fails(hostile):
+    result = hostile(f"""
+        import os, shutil
+        for path in ['SENTINEL/victim.txt', '/etc/hosts', {str(SANDBOX_SOURCES[0])!r}]:
+            try:
+                os.remove(path)
+                print(path, 'deleted')
+            except OSError as exc:
+                print(path, type(exc).__name__)
+        shutil.rmtree('SENTINEL', ignore_errors=True)
+        shutil.rmtree({str(REPO / "tests")!r}, ignore_errors=True)
+        print('done')
+    """)
+    assert "deleted" not in result.stdout and result.stdout.strip().endswith("done")
+
+
+def test_killing_the_parent_is_refused(hostile, sandbox):
+    result = hostile("""
+        import os, signal
+        for name, target in [('parent', os.getppid()), ('init', 1)]:
+            try:
+                os.kill(target, signal.SIGKILL)
+                print(name, 'signalled')
+            except OSError as exc:
+                print(name, type(exc).__name__)
+    """)
+    assert result.stdout.split() == ["parent", "PermissionError", "init", "PermissionError"]
+    everyone = hostile(
+        "import os, signal, subprocess\nchild = subprocess.Popen(['sleep', '60'])\n"
+        "os.kill(-1, signal.SIGKILL)\nprint(child.wait())"
+    )
+    assert everyone.completed and everyone.stdout == "-9\n"  # only what the code itself started
+    group = hostile("import os, signal\nos.killpg(os.getpgrp(), signal.SIGKILL)")
+    assert not group.completed
+    assert sandbox.run("print('still alive')").observation == "still alive"
+
+
+def test_spawning_shells_stays_inside(hostile):
+    result = hostile(f"""
+        import os, subprocess
+        os.system('id -u; echo "env:$TRACE_SANDBOX_CANARY"; touch /etc/escape-{TOKEN} 2>&1; echo rc=$?')
+        print(subprocess.run('env; cat /proc/*/environ', shell=True, capture_output=True, text=True).stdout)
+        print(subprocess.run(['sh', '-c', 'exec python3 -c "import os; print(os.getuid())"'],
+                             capture_output=True, text=True).stdout)
+    """)
+    lines = result.stdout.split("\n")
+    assert lines[0] == str(TEST_UID) and lines[1] == "env:"
+    assert "Read-only file system" in result.stdout and "rc=1" in result.stdout
+
+
+def test_exec_replacing_the_runner_is_reported(hostile):
+    result = hostile("import os\nos.execv('/bin/sh', ['sh', '-c', 'echo replaced'])")
+    assert not result.completed and result.stdout == "replaced\n"
+    assert result.killed_reason == "the process exited with code 0 before the cell finished"
+
+
+def test_ctypes_segfault_is_reported(hostile):
+    result = hostile("import ctypes\nctypes.string_at(0)")
+    assert not result.completed and result.exit_code == -signal.SIGSEGV
+    assert "[execution stopped: the process was killed by SIGSEGV (segmentation fault)]" in result.observation
+
+
+def test_abort_is_reported(hostile):
+    result = hostile("import os\nos.abort()")
+    assert result.exit_code == -signal.SIGABRT and "SIGABRT" in result.observation
+
+
+def test_sleeping_past_the_limit_is_stopped(hostile):
+    result = hostile("import time\ntime.sleep(600)", stopped=True)
+    assert result.timed_out and result.exit_code is None
+    assert result.observation == "[execution stopped: wall-clock limit of 2 s exceeded]"
+
+
+def test_daemons_do_not_survive_the_call(hostile):
+    result = hostile("""
+        import os, subprocess, time
+        subprocess.Popen(['sleep', '300'], start_new_session=True)
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(300)
+            os._exit(0)
+        print('daemons started')
+    """)
+    assert result.completed and result.stdout == "daemons started\n"
+
+
+def test_privilege_escalation_fails(hostile):
+    result = hostile("""
+        import os, subprocess
+        for fn in (lambda: os.setuid(0), lambda: os.setgid(0), lambda: os.chroot('/')):
+            try:
+                fn()
+                print('escalated')
+            except OSError as exc:
+                print(type(exc).__name__)
+        print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])
+        setuid_root = subprocess.run(['mount', '-t', 'tmpfs', 'x', '/mnt'], capture_output=True, text=True)
+        print(setuid_root.returncode != 0, 'superuser' in setuid_root.stderr)
+    """)
+    assert result.stdout.split() == ["PermissionError"] * 3 + ["0000000000000000", "True", "True"]
+
+
+def test_huge_file_in_the_private_dir_is_bounded(hostile):
+    result = hostile("""
+        try:
+            with open('big.bin', 'wb') as f:
+                while True:
+                    f.write(b'\\0' * (1 << 20))
+        except OSError as exc:
+            print(type(exc).__name__, exc.errno)
+    """)
+    assert result.completed
+    assert (
+        result.stdout.split()[0] == "OSError" or result.killed_reason is not None
+    )  # EFBIG/ENOSPC or SIGXFSZ
+
+
+# --- tool state across turns ---------------------------------------------------------------------
+
+
+def test_session_keeps_variables_and_restores_any_prefix(sandbox):
+    session = PythonToolSession(sandbox)
+    assert session.run("x = 5") == "(no output)"
+    assert session.run("y = x * 2\ny") == "10"
+    prefix = session.snapshot()
+    assert session.run("x = 100\nprint(x + y)") == "110"
+    session.restore(prefix)
+    assert session.run("print(x, y)") == "5 10"
+    session.restore(ToolSnapshot())
+    assert "NameError: name 'x' is not defined" in session.run("x")
+    restored = ToolSnapshot.from_json(prefix.to_json())
+    assert restored == prefix and restored.cells == ("x = 5", "y = x * 2\ny")
+
+
+def test_replay_reproduces_random_draws(sandbox):
+    session = PythonToolSession(sandbox)
+    first = session.run("import random\nr = random.random()\nprint(r)")
+    assert session.run("print(r)") == first
+
+
+def test_stopped_cells_do_not_enter_the_state(sandbox):
+    session = PythonToolSession(sandbox)
+    session.run("z = 1")
+    stopped = session.run("z = 2\nimport ctypes\nctypes.string_at(0)")
+    assert stopped.endswith("[variables are as they were before this cell]")
+    assert session.snapshot().cells == ("z = 1",)
+    assert session.run("print(z)") == "1"
+
+
+def test_replayed_output_is_not_shown_again(sandbox):
+    session = PythonToolSession(sandbox)
+    session.run("print('first')\nimport os\nos.system('echo shell-first')")
+    assert session.run("print('second')") == "second"
+
+
+# --- configuration and refusal -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("cpu_seconds", 0),
+        ("cpu_seconds", 1.5),
+        ("wall_seconds", -1.0),
+        ("memory_bytes", 0),
+        ("max_output_bytes", 0),
+        ("uid", 0),
+        ("gid", 0),
+        ("extra_env", (("A=B", "x"),)),
+    ],
+)
+def test_config_rejects_bad_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        SandboxConfig(**{field: value})
+
+
+def test_missing_interpreter_is_refused():
+    with pytest.raises(SandboxUnavailableError, match="not executable"):
+        PythonSandbox(SandboxConfig(python="/nonexistent/python", uid=TEST_UID, gid=TEST_UID))
+
+
+def test_run_python_with_state():
+    result = run_python("print(a + 1)", ROOMY, state=("a = 41",))
+    assert result.observation == "42"
+
+
+def test_exit_ends_the_cell_quietly(sandbox):
+    assert sandbox.run("print('a')\nexit()\nprint('b')").observation == "a"
+    failed = sandbox.run("import sys\nsys.exit(3)")
+    assert failed.completed and failed.error == "SystemExit: 3" and failed.observation == "SystemExit: 3"
+
+
+def test_leftover_threads_do_not_hold_the_call(hostile):
+    result = hostile(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(600,)).start()\nprint('ok')"
+    )
+    assert result.completed and result.observation == "ok"
+
+
+def test_large_job_is_fed_without_blocking(sandbox):
+    history = tuple(f"v{i} = {'7' * 2000}" for i in range(100))  # ~200 kB: several pipe buffers
+    result = sandbox.run("print(len(str(v99)))", history=history)
+    assert result.observation == "2000"
+
+
+def test_init_alarm_stops_the_cell_if_the_host_does_not(hostile, monkeypatch):
+    import trace_core.envs.sandbox as sandbox_module
+
+    # the init's backstop alarm at 1 s, before the host's own 2 s deadline
+    monkeypatch.setattr(sandbox_module, "_INIT_DEADLINE_GRACE_S", -TIGHT.wall_seconds + 1.0)
+    result = hostile("import time\ntime.sleep(600)", stopped=True)
+    assert not result.timed_out and result.exit_code == -signal.SIGKILL
+    assert result.killed_reason == "wall-clock limit of 2 s exceeded"
+
+
+def test_one_sandbox_serves_concurrent_calls(sandbox):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: sandbox.run(f"print({i} ** 2)"), range(8)))
+    assert [r.observation for r in results] == [str(i**2) for i in range(8)]
+    assert _leftovers() == []

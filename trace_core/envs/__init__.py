@@ -1,0 +1,1 @@
+"""Agentic environments and the tools they expose to the policy (sandboxed Python, search, function calls)."""

@@ -1,0 +1,716 @@
+"""A sandbox for model-written Python, and the stateful `python` tool built on it.
+
+Isolation (see /work/shared/docs/sandbox.md for what was tested on these machines). Each call starts
+
+    unshare --net --pid --mount --ipc --uts --fork --mount-proc --kill-child  (empty environment)
+      └─ _sandbox_init.py   root, PID 1 of the namespace: private tmpfs /tmp and /dev/shm, whole
+         │                  mount tree read-only + nosuid, minimal /etc/passwd
+         └─ _sandbox_runner.py   uid/gid dropped (no groups, no capabilities, no_new_privs), rlimits
+                                 for CPU, address space, file size, processes, open files, no core
+
+and the host enforces the wall clock and the output cap. What that gives:
+
+- no network: a new network namespace has only a loopback device, which is down;
+- no writes outside a private tmpfs: every mount is read-only, /tmp and /dev/shm are fresh tmpfs
+  (size-capped) that vanish with the call;
+- no host environment: the wrapper chain starts from ``env={}``, the code gets only `_base_env()`;
+  the host's processes (and their /proc/<pid>/environ) are invisible in the new PID namespace;
+- nothing survives: when the init exits (or the host kills it at the deadline) the kernel kills
+  every process left in the PID namespace, daemons included, and `run` returns only after that;
+- process limits that hold: RLIMIT_NPROC is ignored for root, so the code runs as an unprivileged uid.
+
+Only util-linux `unshare` is needed (the uid drop and rlimits are done by the init itself, so
+`setpriv`/`prlimit` are not). Everything here runs as root; without root (in a Kubernetes pod: root
+with CAP_SYS_ADMIN, or a gVisor/Kata runtime class) `PythonSandbox` raises
+`SandboxUnavailableError` instead of running anything unconfined. A self-test at construction checks
+that the isolation actually holds (dropped uid, no network device but lo, read-only /) before any
+model code runs.
+
+Tool state across turns. `PythonToolSession` keeps variables between the cells of one episode by
+deterministic replay: the state after a prefix of turns *is* the list of cells that completed in
+it, and every call runs those cells again (output discarded) before the new one, in a fresh sandbox.
+Why replay rather than a long-lived interpreter with snapshots:
+- a snapshot is a tuple of strings: JSON-serialisable, storable in a rollout-tree node, restorable
+  in any worker process or machine, and free to branch K ways from one anchor (TRACE's prefix
+  expansion restores the same prefix many times);
+- every call gets a fresh sandbox, so no process outlives a call and a crash or kill costs only
+  that cell; pickling an interpreter's state (dill) fails on modules, generators, open files;
+- the price is re-running the prefix: O(turns) per call, small for math cells (milliseconds each).
+Replay is exact when cells are deterministic. `random` is seeded and PYTHONHASHSEED fixed; code that
+reads the clock, os.urandom or an unseeded numpy Generator gets fresh values on replay. Cells that
+were stopped (wall clock, CPU, output cap, crash) are not part of the state, as if a notebook kernel
+had been restarted with the cells that did finish.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import selectors
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+_INIT = _HERE / "_sandbox_init.py"
+_RUNNER = _HERE / "_sandbox_runner.py"
+
+_UNSHARE_FLAGS = ("--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--mount-proc", "--kill-child")
+_WORKDIR = "/tmp/w"
+_READ_CHUNK = 65536
+_INIT_DEADLINE_GRACE_S = 2.0  # the init's own alarm, a backstop should the host die mid-call
+_RUNNER_CHANNEL_CAP = 1 << 20  # bytes of bookkeeping records read from the runner before ignoring it
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The isolation this module promises cannot be set up here; no code was run."""
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits and identity of one sandboxed Python cell.
+
+    cpu_seconds: CPU time (user + system) the visible cell may use, in whole seconds
+        (RLIMIT_CPU; SIGXCPU then SIGKILL). Replayed cells get their own measured time on top.
+    wall_seconds: wall-clock time for one call, sandbox start-up (~0.1 s) included; the host kills
+        the whole namespace when it passes. Replayed cells get their own measured time on top.
+    memory_bytes: address space per process (RLIMIT_AS). Allocations beyond it raise MemoryError.
+        The most one call can hold is about max_processes * memory_bytes + tmp_bytes + shm_bytes.
+    max_output_bytes: stdout + stderr bytes the agent sees; a cell that prints more is stopped and
+        its output cut there.
+    max_processes: processes + threads of the sandbox uid (RLIMIT_NPROC). Counted per uid on the
+        whole host, so concurrent sandboxes sharing a uid share it: give them distinct uids if one
+        fork bomb must not starve the others.
+    max_file_bytes: largest file the code may write (RLIMIT_FSIZE).
+    max_open_files: open file descriptors per process (RLIMIT_NOFILE).
+    tmp_bytes: size of the private tmpfs mounted on /tmp (the working directory is /tmp/w).
+    shm_bytes: size of the private tmpfs mounted on /dev/shm.
+    uid: unprivileged uid the code runs as (never 0: root ignores RLIMIT_NPROC).
+    gid: unprivileged gid the code runs as.
+    python: interpreter for the code; the project's venv by default (numpy, sympy available).
+        It must be readable by `uid`; directories above it that are not (a base Python under /root)
+        are bind-mounted into the sandbox, with the rest of that directory hidden.
+    seed: seed of `random` and PYTHONHASHSEED, so replayed cells reproduce their values.
+    echo_last_expression: print the repr of a cell's final expression, as a notebook does.
+    extra_env: additional environment variables for the code, as (name, value) pairs.
+    """
+
+    cpu_seconds: int = 5
+    wall_seconds: float = 10.0
+    memory_bytes: int = 1 << 30
+    max_output_bytes: int = 16 << 10
+    max_processes: int = 32
+    max_file_bytes: int = 16 << 20
+    max_open_files: int = 256
+    tmp_bytes: int = 64 << 20
+    shm_bytes: int = 16 << 20
+    uid: int = 65534
+    gid: int = 65534
+    python: str = sys.executable
+    seed: int = 0
+    echo_last_expression: bool = True
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        positive = (
+            "cpu_seconds",
+            "wall_seconds",
+            "memory_bytes",
+            "max_output_bytes",
+            "max_processes",
+            "max_file_bytes",
+            "max_open_files",
+            "tmp_bytes",
+            "shm_bytes",
+        )
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if not isinstance(self.cpu_seconds, int):
+            raise ValueError(
+                f"SandboxConfig.cpu_seconds must be a whole number of seconds, got {self.cpu_seconds!r}"
+            )
+        for name in ("uid", "gid"):
+            if getattr(self, name) <= 0:
+                raise ValueError(
+                    f"SandboxConfig.{name} must be an unprivileged id (> 0), got {getattr(self, name)}"
+                )
+        for pair in self.extra_env:
+            if len(pair) != 2 or not all(isinstance(x, str) for x in pair) or "=" in pair[0] or not pair[0]:
+                raise ValueError(
+                    f"SandboxConfig.extra_env entries must be (name, value) strings, got {pair!r}"
+                )
+
+
+@dataclass
+class SandboxResult:
+    """What one sandboxed call produced, seen from the host.
+
+    stdout/stderr: the visible cell's output, decoded as UTF-8 (invalid bytes replaced), cut at the cap.
+    truncated: the output went past `max_output_bytes` (the cell was then stopped).
+    exit_code: the runner's exit status (negative: killed by that signal); None if it never
+        reported (the host killed the sandbox first).
+    timed_out: the wall-clock limit passed and the host killed the sandbox.
+    killed_reason: why the cell did not run to its end, in words; None when it did.
+    error: the visible cell's exception as "Type: message", None if it raised nothing.
+    memory_error: that exception was a MemoryError (the memory limit was reached).
+    completed: the visible cell ran to its end (with or without an exception); only such cells
+        become part of a tool session's state.
+    wall_seconds: host-measured time of the whole call.
+    cpu_seconds: CPU time of the runner and the children it waited for (all cells of the call).
+    max_rss_bytes: peak resident memory of the runner.
+    """
+
+    stdout: str
+    stderr: str
+    truncated: bool
+    exit_code: int | None
+    timed_out: bool
+    killed_reason: str | None
+    error: str | None
+    memory_error: bool
+    completed: bool
+    wall_seconds: float
+    cpu_seconds: float | None
+    max_rss_bytes: int | None
+    cell_wall_seconds: list[float] = field(default_factory=list)
+    cell_cpu_seconds: list[float] = field(default_factory=list)
+    memory_limit_bytes: int = 0
+    max_output_bytes: int = 0
+
+    @property
+    def observation(self) -> str:
+        """The text the agent reads: output, then one bracketed line per thing that went wrong."""
+        parts = []
+        body = self.stdout
+        if self.stderr:
+            body = body + ("" if not body or body.endswith("\n") else "\n") + self.stderr
+        if body:
+            parts.append(body.rstrip("\n"))
+        if self.truncated:
+            parts.append(f"[output truncated: the cell printed more than {self.max_output_bytes} bytes]")
+        if self.memory_error:
+            parts.append(f"[memory limit reached: {self.memory_limit_bytes // (1 << 20)} MiB per process]")
+        if self.killed_reason:
+            parts.append(f"[execution stopped: {self.killed_reason}]")
+        if not parts:
+            parts.append("(no output)")
+        return "\n".join(parts)
+
+
+def _can_traverse(st: os.stat_result, uid: int, gid: int, need: int) -> bool:
+    if st.st_uid == uid:
+        return bool(st.st_mode & (need << 6))
+    if st.st_gid == gid:
+        return bool(st.st_mode & (need << 3))
+    return bool(st.st_mode & need)
+
+
+def _exposures(paths: Sequence[str], uid: int, gid: int) -> list[dict]:
+    """Directories in `paths` that `uid` cannot reach, grouped by the topmost ancestor that blocks it.
+
+    The init mounts a tmpfs over each blocking ancestor and binds the needed directories back in.
+    """
+    groups: dict[str, list[str]] = {}
+    for raw in sorted({os.path.realpath(p) for p in paths}):
+        if any(
+            raw.startswith(kept + "/") or raw == kept for kept in (p for ps in groups.values() for p in ps)
+        ):
+            continue
+        parts = Path(raw).parts
+        for depth in range(2, len(parts) + 1):
+            ancestor = str(Path(*parts[:depth]))
+            need = 0o5 if depth == len(parts) else 0o1  # read+search the target, search the ancestors
+            if not _can_traverse(os.stat(ancestor), uid, gid, need):
+                if ancestor == raw:
+                    raise SandboxUnavailableError(
+                        f"{raw} (needed by the sandbox interpreter) is not readable by uid {uid}; "
+                        "make it world-readable or use an interpreter installed outside private directories"
+                    )
+                groups.setdefault(ancestor, []).append(raw)
+                break
+    return [{"mask": mask, "paths": sorted(ps)} for mask, ps in groups.items()]
+
+
+def _interpreter_dirs(python: str) -> list[str]:
+    real = os.path.realpath(python)
+    dirs = [os.path.dirname(python), os.path.dirname(real), str(_HERE)]
+    if python == sys.executable:
+        dirs += [sys.prefix, sys.base_prefix, sys.base_exec_prefix]
+    else:
+        dirs.append(str(Path(real).parent.parent))  # <prefix>/bin/python -> <prefix>
+    return dirs
+
+
+def _base_env(config: SandboxConfig) -> dict[str, str]:
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": _WORKDIR,
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": str(config.seed),
+        "PYTHONIOENCODING": "utf-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+    }
+    env.update(dict(config.extra_env))
+    return env
+
+
+_VERIFIED: set[tuple] = set()
+_VERIFY_LOCK = threading.Lock()
+
+_SELF_TEST = """
+import os, socket
+ok = os.getuid() == {uid} and os.getgid() == {gid} and os.getgroups() == []
+nets = sorted(name for _, name in socket.if_nameindex())
+try:
+    open('/sandbox-write-probe', 'w')
+    root_writable = True
+except OSError:
+    root_writable = False
+print({{'uid_ok': ok, 'nets': nets, 'root_writable': root_writable, 'pid': os.getpid() < 10,
+        'env': sorted(os.environ)}})
+"""
+
+
+class PythonSandbox:
+    """Runs Python cells in a fresh, isolated process tree; one instance can serve many threads.
+
+    `run(code)` executes one cell; `run(code, history=cells)` first replays `cells` silently in the
+    same process (see `PythonToolSession`). Raises `SandboxUnavailableError` if the sandbox cannot
+    be built here; otherwise every outcome of the code, hostile or not, is a `SandboxResult`.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None, verify: bool = True) -> None:
+        self.config = config or SandboxConfig()
+        self._unshare = self._preflight()
+        self._expose = _exposures(_interpreter_dirs(self.config.python), self.config.uid, self.config.gid)
+        # Our own interpreter's site-packages are known here, so the runner can skip `site`; another
+        # interpreter finds its own through `site` at start-up.
+        self._site_dirs = site.getsitepackages() if self.config.python == sys.executable else None
+        if verify:
+            self._self_test()
+
+    def _preflight(self) -> str:
+        if os.name != "posix" or not sys.platform.startswith("linux"):
+            raise SandboxUnavailableError("the Python sandbox needs Linux namespaces; refusing to run code")
+        if os.geteuid() != 0:
+            raise SandboxUnavailableError(
+                "the Python sandbox must start as root (or with CAP_SYS_ADMIN) to create namespaces and "
+                f"drop to uid {self.config.uid}; running as uid {os.geteuid()}, "
+                "refusing to run model code unconfined"
+            )
+        unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
+        if unshare is None:
+            raise SandboxUnavailableError(
+                "`unshare` (util-linux) not found; refusing to run model code unconfined"
+            )
+        if not os.access(self.config.python, os.X_OK):
+            raise SandboxUnavailableError(f"sandbox interpreter {self.config.python} is not executable")
+        return unshare
+
+    def _self_test(self) -> None:
+        c = self.config
+        key = (c.python, c.uid, c.gid)
+        with _VERIFY_LOCK:
+            if key in _VERIFIED:
+                return
+            result = self.run(_SELF_TEST.format(uid=c.uid, gid=c.gid))
+            expected = (
+                "{'uid_ok': True, 'nets': ['lo'], 'root_writable': False, 'pid': True, 'env': "
+                f"{sorted(_base_env(c))}}}"
+            )
+            if not result.completed or result.stdout.strip() != expected:
+                raise SandboxUnavailableError(
+                    "sandbox self-test failed, refusing to run model code; expected\n"
+                    f"  {expected}\ngot\n  {result.observation}"
+                )
+            _VERIFIED.add(key)
+
+    def _spec(self, init_fd: int, runner_fd: int, cpu_hard: int, deadline_seconds: float) -> dict:
+        c = self.config
+        return {
+            "uid": c.uid,
+            "gid": c.gid,
+            "python": c.python,
+            "runner": str(_RUNNER),
+            "workdir": _WORKDIR,
+            "tmp_size_bytes": c.tmp_bytes,
+            "shm_size_bytes": c.shm_bytes,
+            "expose": self._expose,
+            "passwd": (
+                f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{c.uid}:{c.gid}::{_WORKDIR}:/bin/sh\n"
+            ),
+            "group": f"root:x:0:\nsandbox:x:{c.gid}:\n",
+            "rlimits": {
+                "RLIMIT_CPU": [cpu_hard, cpu_hard + 1],
+                "RLIMIT_AS": c.memory_bytes,
+                "RLIMIT_FSIZE": c.max_file_bytes,
+                "RLIMIT_NPROC": c.max_processes,
+                "RLIMIT_NOFILE": c.max_open_files,
+                "RLIMIT_CORE": 0,
+            },
+            "env": _base_env(c),
+            "site_dirs": self._site_dirs,
+            "init_fd": init_fd,
+            "runner_fd": runner_fd,
+            "deadline_seconds": deadline_seconds + _INIT_DEADLINE_GRACE_S,
+        }
+
+    def run(
+        self,
+        code: str,
+        history: Sequence[str] = (),
+        replay_seconds: float = 0.0,
+        replay_cpu_seconds: float = 0.0,
+    ) -> SandboxResult:
+        """Runs `code` (after silently replaying `history`) and returns what the host observed.
+
+        replay_seconds / replay_cpu_seconds: extra wall-clock / CPU time granted for the replay.
+        """
+        if not isinstance(code, str):
+            raise ValueError(f"code must be a str, got {type(code).__name__}")
+        if replay_seconds < 0 or replay_cpu_seconds < 0:
+            raise ValueError("replay_seconds and replay_cpu_seconds must be >= 0")
+        c = self.config
+        cells = [*history, code]
+        job = json.dumps(
+            {
+                "cells": cells,
+                "seed": c.seed,
+                "cell_cpu_seconds": c.cpu_seconds,
+                "echo_last_expression": c.echo_last_expression,
+                "site_dirs": self._site_dirs,
+            }
+        ).encode()
+        cpu_hard = c.cpu_seconds + math.ceil(replay_cpu_seconds) + 1  # + start-up; the runner lowers it
+        init_r, init_w = os.pipe()
+        runner_r, runner_w = os.pipe()
+        start = time.monotonic()
+        try:
+            spec = self._spec(init_w, runner_w, cpu_hard, c.wall_seconds + replay_seconds)
+            argv = [self._unshare, *_UNSHARE_FLAGS, c.python, "-I", "-S", str(_INIT), json.dumps(spec)]
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={},
+                cwd="/",
+                pass_fds=(init_w, runner_w),
+                start_new_session=True,
+            )
+        finally:
+            os.close(init_w)
+            os.close(runner_w)
+        deadline = start + c.wall_seconds + replay_seconds
+        try:
+            outcome = self._collect(proc, job, init_r, runner_r, deadline)
+        finally:
+            if proc.poll() is None:
+                _terminate(proc)
+            os.close(init_r)
+            os.close(runner_r)
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        return self._result(outcome, len(cells), time.monotonic() - start, proc.returncode)
+
+    def _collect(
+        self, proc: subprocess.Popen, job: bytes, init_r: int, runner_r: int, deadline: float
+    ) -> dict:
+        """Feeds the job, reads all channels until EOF, kills on wall clock or output cap.
+
+        The job is written through the same loop, so a large job can never block the host past
+        the deadline.
+        """
+        cap = self.config.max_output_bytes
+        streams = {"stdout": bytearray(), "stderr": bytearray(), "init": bytearray(), "runner": bytearray()}
+        out = {"timed_out": False, "truncated": False, "streams": streams}
+        pending = memoryview(job)
+        sel = selectors.DefaultSelector()
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
+        sel.register(proc.stdout.fileno(), selectors.EVENT_READ, "stdout")
+        sel.register(proc.stderr.fileno(), selectors.EVENT_READ, "stderr")
+        sel.register(init_r, selectors.EVENT_READ, "init")
+        sel.register(runner_r, selectors.EVENT_READ, "runner")
+        visible = 0
+        try:
+            while sel.get_map():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    out["timed_out"] = True
+                    _terminate(proc)
+                    break
+                for key, _ in sel.select(timeout=min(remaining, 0.5)):
+                    if key.data == "stdin":
+                        try:
+                            pending = pending[os.write(key.fd, pending) :]
+                        except BrokenPipeError:
+                            pending = pending[:0]
+                        if not pending:
+                            sel.unregister(key.fd)
+                            proc.stdin.close()
+                        continue
+                    chunk = os.read(key.fd, _READ_CHUNK)
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        continue
+                    name = key.data
+                    buf = streams[name]
+                    if name in ("stdout", "stderr"):
+                        visible += len(chunk)
+                        buf += chunk[: max(0, cap - (visible - len(chunk)))]
+                        if visible > cap and not out["truncated"]:
+                            out["truncated"] = True
+                            _terminate(proc)
+                    elif len(buf) < _RUNNER_CHANNEL_CAP:
+                        buf += chunk
+        finally:
+            sel.close()
+        return out
+
+    def _result(self, out: dict, n_cells: int, wall: float, returncode: int | None) -> SandboxResult:
+        c = self.config
+        streams = out["streams"]
+        init = [
+            json.loads(line) for line in streams["init"].decode(errors="replace").splitlines() if line.strip()
+        ]
+        errors = [r for r in init if r.get("kind") == "error"]
+        if errors:
+            raise SandboxUnavailableError(
+                f"sandbox setup failed ({errors[-1].get('stage')}): {errors[-1].get('message')}; "
+                "no code was run"
+            )
+        exits = [r for r in init if r.get("kind") == "exit"]
+        killed_by_host = out["timed_out"] or out["truncated"]
+        if not exits and not killed_by_host:
+            raise SandboxUnavailableError(
+                f"sandbox did not start (unshare exit status {returncode}): "
+                f"{streams['stderr'].decode(errors='replace').strip()[-2000:]}; no code was run"
+            )
+        cells = {}
+        for line in streams["runner"].decode(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+                cells[int(rec["index"])] = rec
+            except (ValueError, KeyError, TypeError):
+                continue  # the code can write to its own channel; garbage there is ignored
+        last = cells.get(n_cells - 1)
+        exit_rec = exits[-1] if exits else {}
+        exit_code = exit_rec.get("exit_code")
+        cpu = exit_rec.get("cpu_seconds")
+        killed_reason = None
+        if out["timed_out"] or exit_rec.get("deadline_expired"):
+            killed_reason = f"wall-clock limit of {c.wall_seconds:g} s exceeded"
+        elif out["truncated"]:
+            killed_reason = f"output limit of {c.max_output_bytes} bytes exceeded"
+        elif exit_code is not None and exit_code < 0:
+            sig = -exit_code
+            if sig == signal.SIGXCPU or (
+                sig == signal.SIGKILL and cpu is not None and cpu >= c.cpu_seconds - 0.1
+            ):
+                killed_reason = f"CPU time limit of {c.cpu_seconds} s exceeded"
+            else:
+                killed_reason = f"the process was killed by {_signal_name(sig)}"
+        elif last is None:
+            done = max(cells, default=-1) + 1
+            if done < n_cells - 1:
+                killed_reason = (
+                    f"replaying earlier cells failed after {done} of {n_cells - 1} (exit code {exit_code})"
+                )
+            else:
+                killed_reason = f"the process exited with code {exit_code} before the cell finished"
+        if killed_reason is None and last is None:
+            killed_reason = "the cell did not report completion"
+        error = last.get("error") if last else None
+        ordered = [cells[i] for i in sorted(cells)]
+        return SandboxResult(
+            stdout=streams["stdout"].decode(errors="replace"),
+            stderr=streams["stderr"].decode(errors="replace"),
+            truncated=out["truncated"],
+            exit_code=exit_code,
+            timed_out=out["timed_out"],
+            killed_reason=killed_reason,
+            error=error if isinstance(error, str) else None,
+            memory_error=bool(last and last.get("memory_error")),
+            completed=killed_reason is None,
+            wall_seconds=wall,
+            cpu_seconds=cpu,
+            max_rss_bytes=exit_rec.get("max_rss_bytes"),
+            cell_wall_seconds=[float(r.get("wall_seconds", 0.0)) for r in ordered],
+            cell_cpu_seconds=[float(r.get("cpu_seconds", 0.0)) for r in ordered],
+            memory_limit_bytes=c.memory_bytes,
+            max_output_bytes=c.max_output_bytes,
+        )
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                found.append(int(entry))
+    return found
+
+
+def _terminate(proc: subprocess.Popen, grace_seconds: float = 5.0) -> None:
+    """Kills a sandbox and returns only once every process in its PID namespace is gone.
+
+    Killing the init (PID 1 of the namespace) makes the kernel kill and reap everything else in the
+    namespace before the init itself can be reaped; unshare, its parent, exits only after reaping it.
+    So waiting for unshare after killing the init proves nothing of the call is left. Killing
+    unshare instead would also work (--kill-child), but returns before the namespace is torn down.
+    """
+    if proc.poll() is None:
+        for child in _children(proc.pid):
+            try:
+                os.kill(child, signal.SIGKILL)  # a child of our unshare, not yet reaped: no pid reuse
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+    meaning = {
+        "SIGSEGV": "segmentation fault",
+        "SIGABRT": "abort",
+        "SIGBUS": "bus error",
+        "SIGFPE": "arithmetic fault",
+        "SIGILL": "illegal instruction",
+        "SIGKILL": "kill",
+        "SIGTERM": "termination request",
+    }.get(name)
+    return f"{name} ({meaning})" if meaning else name
+
+
+def run_python(code: str, config: SandboxConfig | None = None, state: Sequence[str] = ()) -> SandboxResult:
+    """Runs one cell in a fresh sandbox after replaying the cells in `state` (a session snapshot)."""
+    return PythonSandbox(config).run(code, history=tuple(state))
+
+
+@dataclass(frozen=True)
+class ToolSnapshot:
+    """The state of a `python` tool after some turns: the cells that completed, in order.
+
+    cell_wall_seconds / cell_cpu_seconds: their measured cost, which bounds the time granted to
+    replay them. Plain data: store it with `to_json()` in a rollout-tree node and restore anywhere.
+    """
+
+    cells: tuple[str, ...] = ()
+    cell_wall_seconds: tuple[float, ...] = ()
+    cell_cpu_seconds: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (len(self.cells) == len(self.cell_wall_seconds) == len(self.cell_cpu_seconds)):
+            raise ValueError(
+                "ToolSnapshot: cells, cell_wall_seconds and cell_cpu_seconds must have equal lengths"
+            )
+
+    def to_json(self) -> dict:
+        return {
+            "cells": list(self.cells),
+            "cell_wall_seconds": list(self.cell_wall_seconds),
+            "cell_cpu_seconds": list(self.cell_cpu_seconds),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> ToolSnapshot:
+        return cls(
+            tuple(data["cells"]),
+            tuple(map(float, data["cell_wall_seconds"])),
+            tuple(map(float, data["cell_cpu_seconds"])),
+        )
+
+
+class PythonToolSession:
+    """The `python` tool of one episode: variables persist across `run` calls, by replay.
+
+    replay_time_factor: replayed cells get this multiple of their measured time (plus
+    `replay_slack_seconds`) on top of the new cell's limits, so a loaded machine does not turn a
+    finished prefix into a timeout.
+    """
+
+    def __init__(
+        self,
+        sandbox: PythonSandbox | None = None,
+        replay_time_factor: float = 2.0,
+        replay_slack_seconds: float = 0.5,
+    ) -> None:
+        if replay_time_factor < 1.0:
+            raise ValueError(f"replay_time_factor must be >= 1, got {replay_time_factor}")
+        if replay_slack_seconds < 0:
+            raise ValueError(f"replay_slack_seconds must be >= 0, got {replay_slack_seconds}")
+        self.sandbox = sandbox or PythonSandbox()
+        self.replay_time_factor = replay_time_factor
+        self.replay_slack_seconds = replay_slack_seconds
+        self._state = ToolSnapshot()
+        self.last_result: SandboxResult | None = None
+
+    def execute(self, cell: str) -> SandboxResult:
+        """Runs `cell` on top of the current state; keeps it in the state if it ran to its end."""
+        s = self._state
+        replay_wall = (
+            (self.replay_time_factor * sum(s.cell_wall_seconds) + self.replay_slack_seconds)
+            if s.cells
+            else 0.0
+        )
+        replay_cpu = self.replay_time_factor * sum(s.cell_cpu_seconds)
+        result = self.sandbox.run(
+            cell, history=s.cells, replay_seconds=replay_wall, replay_cpu_seconds=replay_cpu
+        )
+        if result.completed and len(result.cell_wall_seconds) == len(s.cells) + 1:
+            self._state = ToolSnapshot(
+                s.cells + (cell,),
+                s.cell_wall_seconds + (result.cell_wall_seconds[-1],),
+                s.cell_cpu_seconds + (result.cell_cpu_seconds[-1],),
+            )
+        self.last_result = result
+        return result
+
+    def run(self, cell: str) -> str:
+        """Runs `cell` and returns the observation the agent reads."""
+        result = self.execute(cell)
+        text = result.observation
+        if not result.completed:
+            text += "\n[variables are as they were before this cell]"
+        return text
+
+    def snapshot(self) -> ToolSnapshot:
+        return self._state
+
+    def restore(self, snapshot: ToolSnapshot) -> None:
+        if not isinstance(snapshot, ToolSnapshot):
+            raise ValueError(f"restore expects a ToolSnapshot, got {type(snapshot).__name__}")
+        self._state = snapshot
