@@ -1,0 +1,360 @@
+"""Tree rollout executor: grows one rollout tree per prompt, expanding each prompt on its own.
+
+Given a root allocation ``m`` and an allocation method (SPEC §4), the executor
+
+1. submits each activated prompt's ``m_i`` bare rollouts (one request with ``n = m_i``: they share
+   the prompt, which the engine's prefix cache serves once);
+2. runs the ReAct loop: each finished turn is parsed, its action executed by the prompt's
+   environment (in a thread pool, overlapping generation), and the next turn submitted from the
+   node's stored token ids;
+3. **as soon as one prompt's bare rollouts have all finished** — without waiting for any other
+   prompt — scores that prompt's anchors with the predictor, allocates its ``m_i·N``
+   continuations with the method's prefix rule, puts a fresh environment at each chosen prefix
+   (``restore`` of the snapshot taken there) and submits ``K`` continuations per anchor from the
+   anchor's history (one request with ``n = K``; the prefix is reused from the cache);
+4. a prompt without anchors spends its ``m_i·N`` on extra root rollouts (SPEC §3).
+
+Every method of the allocation registry runs through this one executor, so budgets are
+comparable: each step reports trajectories and generated tokens per prompt.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trace_core.allocation import Method
+from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
+from trace_core.rollout.engine import Completion, GenerationRequest, RolloutEngine, Sample, SamplingConfig
+from trace_core.rollout.env import Action, Environment, Episode, Observation, Task, parse_action
+from trace_core.tree import ROOT, RolloutTree
+
+# Scores prefixes of one tree: (tree, node ids) -> predicted success probabilities in [0, 1].
+PrefixScorer = Callable[[RolloutTree, Sequence[int]], np.ndarray]
+EnvFactory = Callable[[Task], Environment]
+
+
+@dataclass
+class RolloutEvent:
+    """Something that happened during a step, stamped with the engine step it happened after."""
+
+    engine_step: int
+    kind: str  # "submit_bare" | "bare_done" | "expand" | "prompt_done"
+    prompt_id: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutStats:
+    """Budget and cost accounting of one executor run."""
+
+    trajectories: int = 0  # bare rollouts + continuations
+    bare_trajectories: int = 0
+    continuations: int = 0
+    generated_tokens: int = 0  # model-written tokens (each tree node counted once)
+    prompt_tokens_submitted: int = 0  # history tokens sent to the engine, over all requests
+    cached_prompt_tokens: int = 0  # of those, served from the prefix cache (as the engine reports)
+    requests: int = 0
+    turns: int = 0
+    tool_errors: int = 0
+    rollout_s: float = 0.0  # wall time inside engine.poll
+    tool_s: float = 0.0  # summed time of environment steps and restores (overlaps rollout when threaded)
+    scoring_s: float = 0.0  # time in the prefix scorer
+    wall_s: float = 0.0
+
+
+@dataclass
+class RolloutResult:
+    trees: list[RolloutTree]  # one per activated prompt, in task order
+    stats: RolloutStats
+    events: list[RolloutEvent]
+    continuations_per_anchor: dict[str, dict[int, int]]  # prompt id -> {anchor node: K}
+    received_histories: dict[tuple[str, int], tuple[int, ...]]  # (prompt id, node) -> ids the engine got
+
+
+@dataclass
+class _Traj:
+    prompt: int  # index into the executor's prompt states
+    traj: int  # trajectory id in the tree
+    env: Environment
+    actions: list[Action] = field(default_factory=list)
+    observations: list[Observation] = field(default_factory=list)
+    last_node: int = ROOT
+    turns: int = 0
+
+
+@dataclass
+class _Prompt:
+    task: Task
+    tree: RolloutTree
+    m: int
+    prefix_budget: int
+    bare_left: int
+    open_trajs: int = 0
+    expanded: bool = False
+    done: bool = False
+
+
+class TreeRolloutExecutor:
+    """Runs tree rollouts for a batch of prompts on one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        env_factory: EnvFactory,
+        agent: AgentConfig | None = None,
+        tool_workers: int = 4,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.env_factory = env_factory
+        self.agent = agent if agent is not None else AgentConfig()
+        self.tool_workers = tool_workers
+
+    # ------------------------------------------------------------------ public
+    def run(
+        self,
+        tasks: Sequence[Task],
+        m: Sequence[int],
+        method: Method,
+        expansion_N: int,
+        score_prefixes: PrefixScorer | None,
+        rng: np.random.Generator,
+    ) -> RolloutResult:
+        """Grow one tree per task with ``m[i] > 0``; see the module docstring."""
+        if len(tasks) != len(m):
+            raise ValueError(f"tasks ({len(tasks)}) and m ({len(m)}) must have the same length")
+        if any(int(x) < 0 or int(x) == 1 for x in m):
+            raise ValueError("m must hold 0 or values >= 2 (a single rollout forms no group)")
+        if expansion_N < 0:
+            raise ValueError(f"expansion_N must be >= 0, got {expansion_N}")
+        if method.expands and expansion_N > 0 and score_prefixes is None:
+            raise ValueError(f"method {method.name!r} expands prefixes: score_prefixes is required")
+        if self.engine.num_pending:
+            raise ValueError(f"the engine has {self.engine.num_pending} pending requests; it must be idle")
+        self._rng = rng
+        self._method = method
+        self._scorer = score_prefixes
+        self._stats = RolloutStats()
+        self._events: list[RolloutEvent] = []
+        self._engine_step = 0
+        self._requests: dict[str, list[_Traj]] = {}
+        self._snapshots: dict[tuple[int, int], Any] = {}
+        self._k_by_anchor: dict[str, dict[int, int]] = {}
+        self._received: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._prompts: list[_Prompt] = []
+        self._pool = cf.ThreadPoolExecutor(self.tool_workers) if self.tool_workers > 0 else None
+        self._futures: dict[cf.Future, tuple[_Traj, Sample, float]] = {}
+        t0 = time.perf_counter()
+        try:
+            for task, mi in zip(tasks, m, strict=True):
+                if int(mi) == 0:
+                    continue
+                env = self.env_factory(task)
+                prompt_ids = render_prompt(self.tokenizer, task, env.tool_descriptions(), self.agent)
+                tree = RolloutTree(task.id, prompt_ids, info={"question": task.question})
+                budget = method.prefix_budget(int(mi), _spec_like(expansion_N))
+                state = _Prompt(task=task, tree=tree, m=int(mi), prefix_budget=budget, bare_left=int(mi))
+                self._prompts.append(state)
+                self._start_group(len(self._prompts) - 1, "bare", ROOT, int(mi), first_env=env)
+                self._event("submit_bare", state, m=int(mi))
+            self._loop()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+        self._stats.wall_s = time.perf_counter() - t0
+        for p in self._prompts:
+            p.tree.validate()
+        return RolloutResult(
+            trees=[p.tree for p in self._prompts], stats=self._stats, events=self._events,
+            continuations_per_anchor=self._k_by_anchor, received_histories=self._received,
+        )
+
+    # ------------------------------------------------------------------ groups and requests
+    def _start_group(self, pi: int, kind: str, branch: int, n: int, first_env: Environment | None = None) -> None:
+        """Open ``n`` trajectories of ``kind`` at node ``branch`` and submit their first turn as one
+        request with ``n`` samples (they share the history)."""
+        state = self._prompts[pi]
+        snapshot = None if branch == ROOT else self._snapshots[(pi, branch)]
+        trajs = []
+        for i in range(n):
+            env = first_env if (i == 0 and first_env is not None) else self.env_factory(state.task)
+            t_tool = time.perf_counter()
+            if snapshot is None:
+                env.reset(state.task)
+            else:
+                env.restore(snapshot)
+            self._stats.tool_s += time.perf_counter() - t_tool
+            tid = state.tree.start_trajectory("bare" if kind == "bare" else "continuation", branch_node=branch)
+            trajs.append(_Traj(prompt=pi, traj=tid, env=env, last_node=branch,
+                               turns=state.tree.nodes[branch].depth))
+            state.open_trajs += 1
+            self._stats.trajectories += 1
+            if kind == "bare":
+                self._stats.bare_trajectories += 1
+            else:
+                self._stats.continuations += 1
+        self._submit(trajs, branch)
+
+    def _submit(self, trajs: list[_Traj], node: int) -> None:
+        state = self._prompts[trajs[0].prompt]
+        history = state.tree.history_tokens(node)
+        rid = f"{trajs[0].prompt}:{trajs[0].traj}:{node}"
+        room = self.agent.max_total_tokens - len(history)
+        sampling = SamplingConfig(
+            n=len(trajs), max_new_tokens=min(self.agent.max_new_tokens, room),
+            temperature=self.agent.temperature, top_p=self.agent.top_p,
+            seed=_derive_seed(self.agent.seed, state.task.id, trajs[0].traj, node), stop=self.agent.stop,
+        )
+        self._requests[rid] = trajs
+        self._stats.requests += 1
+        self._stats.prompt_tokens_submitted += len(history)
+        self.engine.submit([GenerationRequest(rid, history, sampling)])
+
+    # ------------------------------------------------------------------ the event loop
+    def _loop(self) -> None:
+        while self.engine.num_pending or self._futures:
+            if self.engine.num_pending:
+                t = time.perf_counter()
+                completions = self.engine.poll()
+                self._stats.rollout_s += time.perf_counter() - t
+                self._engine_step += 1
+                for c in completions:
+                    self._on_completion(c)
+            if self._futures:
+                done = [f for f in self._futures if f.done()]
+                if not done and not self.engine.num_pending:
+                    done = list(cf.wait(list(self._futures), return_when=cf.FIRST_COMPLETED).done)
+                for f in sorted(done, key=lambda f: self._futures[f][2]):
+                    traj, sample, _ = self._futures.pop(f)
+                    obs, seconds = f.result()
+                    self._stats.tool_s += seconds
+                    self._after_step(traj, sample, obs)
+
+    def _on_completion(self, completion: Completion) -> None:
+        trajs = self._requests.pop(completion.request_id)
+        state = self._prompts[trajs[0].prompt]
+        self._received[(state.task.id, trajs[0].last_node)] = completion.prompt_token_ids
+        if completion.num_cached_tokens is not None:
+            self._stats.cached_prompt_tokens += int(completion.num_cached_tokens)
+        for traj, sample in zip(trajs, completion.samples, strict=True):
+            action = parse_action(sample.text)
+            if self._pool is None:
+                obs, seconds = _timed_step(traj.env, action)
+                self._stats.tool_s += seconds
+                self._after_step(traj, sample, obs, action)
+            else:
+                fut = self._pool.submit(_timed_step, traj.env, action)
+                self._futures[fut] = (traj, sample, time.perf_counter())
+                traj.actions.append(action)  # recorded now; the observation follows
+
+    def _after_step(self, traj: _Traj, sample: Sample, obs: Observation, action: Action | None = None) -> None:
+        if action is not None:
+            traj.actions.append(action)
+        action = traj.actions[-1]
+        traj.observations.append(obs)
+        traj.turns += 1
+        state = self._prompts[traj.prompt]
+        tree = state.tree
+        self._stats.turns += 1
+        self._stats.tool_errors += int(obs.tool_error)
+        model_ids = list(sample.token_ids)
+        finished = obs.done or action.final_answer is not None or traj.turns >= self.agent.max_turns
+        obs_ids = [] if finished else observation_tokens(self.tokenizer, obs.text)
+        if not finished:  # max tokens: the next turn needs room for at least one more token
+            history_len = len(tree.history_tokens(traj.last_node)) + len(model_ids) + len(obs_ids)
+            if history_len >= self.agent.max_total_tokens:
+                finished, obs_ids = True, []
+        info = {"action": action.raw, "tool": action.tool, "tool_error": obs.tool_error,
+                "finish_reason": sample.finish_reason}
+        if action.final_answer is not None:
+            info["final_answer"] = action.final_answer
+        node = tree.add_turn(
+            traj.traj, model_ids + obs_ids, [1] * len(model_ids) + [0] * len(obs_ids),
+            logprobs=list(sample.logprobs) + [0.0] * len(obs_ids), info=info,
+        )
+        traj.last_node = node
+        self._stats.generated_tokens += len(model_ids)
+        if finished:
+            reward = float(traj.env.reward(Episode(state.task, traj.actions, traj.observations)))
+            tree.finish(traj.traj, reward)
+            state.open_trajs -= 1
+            if tree.trajectories[traj.traj].kind == "bare":
+                state.bare_left -= 1
+                if state.bare_left == 0:
+                    self._event("bare_done", state)
+                    self._expand(traj.prompt)
+            if state.open_trajs == 0 and state.expanded and not state.done:
+                state.done = True
+                self._event("prompt_done", state)
+            return
+        if tree.trajectories[traj.traj].kind == "bare":
+            self._snapshots[(traj.prompt, node)] = traj.env.snapshot()
+        self._submit([traj], node)
+
+    # ------------------------------------------------------------------ prompt-local expansion
+    def _expand(self, pi: int) -> None:
+        state = self._prompts[pi]
+        state.expanded = True
+        budget = state.prefix_budget
+        if budget == 0:
+            if state.open_trajs == 0:
+                state.done = True
+                self._event("prompt_done", state)
+            return
+        tree = state.tree
+        anchors = tree.anchors()
+        if not anchors:  # SPEC §3: the root is the depth-0 anchor; spend the budget on extra roots
+            self._k_by_anchor[state.task.id] = {ROOT: budget}
+            self._event("expand", state, anchors=0, continuations=budget)
+            self._start_group(pi, "continuation", ROOT, budget)
+            return
+        t = time.perf_counter()
+        p = np.asarray(self._scorer(tree, anchors), dtype=np.float64)  # type: ignore[misc]
+        self._stats.scoring_s += time.perf_counter() - t
+        if p.shape != (len(anchors),):
+            raise ValueError(f"score_prefixes returned shape {p.shape} for {len(anchors)} anchors")
+        r = np.array([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors])
+        r = (r > 0.5).astype(np.float64)
+        turn = np.array([tree.nodes[a].depth for a in anchors])
+        K = self._method.allocate_prefixes(p, r, budget, turn, self._rng)
+        if int(K.sum()) != budget:
+            raise AssertionError(f"{self._method.name}: prefix allocation spent {int(K.sum())} of {budget}")
+        for a, pa in zip(anchors, p, strict=True):
+            tree.nodes[a].info["predicted_value"] = float(pa)
+        self._k_by_anchor[state.task.id] = {int(a): int(k) for a, k in zip(anchors, K, strict=True) if k > 0}
+        self._event("expand", state, anchors=len(anchors), continuations=budget)
+        for a, k in zip(anchors, K, strict=True):
+            if k > 0:
+                self._start_group(pi, "continuation", int(a), int(k))
+
+    def _event(self, kind: str, state: _Prompt, **detail: Any) -> None:
+        self._events.append(RolloutEvent(self._engine_step, kind, state.task.id, detail))
+
+
+def _timed_step(env: Environment, action: Action) -> tuple[Observation, float]:
+    t = time.perf_counter()
+    obs = env.step(action)
+    return obs, time.perf_counter() - t
+
+
+def _derive_seed(base: int, prompt_id: str, trajectory: int, node: int) -> int:
+    digest = hashlib.sha256(f"{base}|{prompt_id}|{trajectory}|{node}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class _SpecLike:
+    expansion_N: int
+
+
+def _spec_like(expansion_N: int) -> Any:
+    """Method.prefix_budget only reads ``expansion_N``."""
+    return _SpecLike(expansion_N)
