@@ -1,0 +1,310 @@
+"""The simulator (trace_core/sim.py): determinism, the martingale, absorption, shared horizons,
+equal budgets across the method registry, the no-anchor rule, and out-of-sample scoring."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from trace_core.allocation import METHODS, BudgetSpec
+from trace_core.metrics import effective_ratio, spearman
+from trace_core.sim import (
+    HistoryBatch,
+    LearnedPredictor,
+    NoisyPredictor,
+    OraclePredictor,
+    SimConfig,
+    make_predictor,
+    martingale_step,
+    run_step,
+    simulate_paths,
+    supervised_histories,
+    tree_histories,
+)
+from trace_core.tree import ROOT, RolloutTree
+
+SMALL = BudgetSpec(roots_M=64, expansion_N=2)
+
+
+def _step(method="trace", predictor=None, seed=0, spec=SMALL, config=None):
+    return run_step(method, spec, predictor or OraclePredictor(), np.random.default_rng(seed), config)
+
+
+def _fingerprint(result):
+    return (
+        [t.to_json() for t in result.trees],
+        result.pool_m.tolist(),
+        result.anchor_K.tolist(),
+        result.pool_pred.tolist(),
+        result.anchor_pred.tolist(),
+        {k: (None if np.isnan(v) else v) for k, v in result.metrics.items()},
+    )
+
+
+# ---------------------------------------------------------------------------- determinism
+@pytest.mark.parametrize("kind", ["oracle", "noisy", "learned"])
+def test_same_seed_same_step(kind):
+    runs = []
+    for _ in range(2):
+        predictor = make_predictor(kind, seed=3)
+        rng = np.random.default_rng(11)
+        runs.append([_fingerprint(run_step("trace", SMALL, predictor, rng)) for _ in range(2)])
+    assert runs[0] == runs[1]
+
+
+def test_different_seed_different_step():
+    assert _fingerprint(_step(seed=1)) != _fingerprint(_step(seed=2))
+
+
+# ---------------------------------------------------------------------------- the environment
+def test_martingale_mean_of_final_value_and_reward():
+    rng = np.random.default_rng(0)
+    config = SimConfig()
+    n = 60_000
+    for v_t, t, horizon in [(0.3, 1, 8), (0.7, 4, 6), (0.05, 0, 3), (0.5, 2, 8)]:
+        paths = simulate_paths(
+            np.full(n, v_t), np.full(n, t, dtype=np.int64), np.full(n, horizon, dtype=np.int64), config, rng
+        )
+        v_final = paths.values[:, horizon]
+        se = v_final.std() / np.sqrt(n)
+        assert abs(v_final.mean() - v_t) < 5 * se + 1e-12
+        assert abs(paths.reward.mean() - v_t) < 5 * np.sqrt(v_t * (1 - v_t) / n)
+        # the spread grows along the path: the contrast potential is really spent
+        assert v_final.std() > 0.1
+
+
+def test_one_step_is_unbiased_and_noisy():
+    rng = np.random.default_rng(1)
+    v = np.repeat([0.1, 0.5, 0.9], 50_000)
+    nxt = martingale_step(v, 6.0, rng)
+    for x in (0.1, 0.5, 0.9):
+        sel = nxt[v == x]
+        assert abs(sel.mean() - x) < 5 * sel.std() / np.sqrt(sel.size)
+        # Var of Beta(κv, κ(1−v)) is v(1−v)/(κ+1)
+        assert sel.var() == pytest.approx(x * (1 - x) / 7.0, rel=0.05)
+
+
+def test_zero_and_one_are_absorbing():
+    rng = np.random.default_rng(2)
+    assert martingale_step(np.array([0.0, 1.0, 0.0]), 6.0, rng).tolist() == [0.0, 1.0, 0.0]
+    n = 1000
+    paths = simulate_paths(
+        np.r_[np.zeros(n), np.ones(n)], np.zeros(2 * n, dtype=np.int64), np.full(2 * n, 8), SimConfig(), rng
+    )
+    assert np.all(paths.values[:n] == 0.0) and np.all(paths.reward[:n] == 0.0)
+    assert np.all(paths.values[n:] == 1.0) and np.all(paths.reward[n:] == 1.0)
+
+
+def test_absorption_along_every_simulated_path():
+    result = _step("trace", spec=BudgetSpec(256, 2), seed=4)
+    hits = 0
+    for tree in result.trees:
+        for traj in tree.trajectories:
+            path = tree.path(traj.leaf)[1:]
+            v = [tree.nodes[n].info["V"] for n in path]
+            for a, b in zip(v, v[1:], strict=False):
+                if a in (0.0, 1.0):
+                    hits += 1
+                    assert b == a
+            # a path absorbed at 0 (1) can only fail (succeed)
+            if v[-1] in (0.0, 1.0):
+                assert tree.trajectory_reward(traj.id) == v[-1]
+    assert hits > 0  # the check above was exercised
+
+
+def test_horizon_is_shared_by_every_path_of_a_prompt():
+    result = _step("trace", spec=BudgetSpec(256, 6), seed=5)
+    continuations = 0
+    for tree in result.trees:
+        T = tree.root.info["horizon"]
+        assert {tree.nodes[leaf].depth for leaf in tree.leaves()} == {T}
+        continuations += sum(t.kind == "continuation" for t in tree.trajectories)
+    assert continuations == 256 * 6
+
+
+# ---------------------------------------------------------------------------- budgets
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("shape", [(64, 2), (64, 6), (128, 0)])
+def test_every_method_spends_exactly_the_equal_budget(method, shape):
+    spec = BudgetSpec(*shape)
+    result = run_step(method, spec, OraclePredictor(), np.random.default_rng(6))
+    trees = result.trees
+    assert sum(len(t.trajectories) for t in trees) == spec.total == result.trajectories
+    bare = sum(t.kind == "bare" for tree in trees for t in tree.trajectories)
+    assert bare == int(result.pool_m.sum())
+    assert int(result.pool_m.sum() + result.anchor_K.sum() + result.root_extra.sum()) == spec.total
+    assert result.pool_m.size == spec.pool_size
+    if METHODS[method].expands:
+        assert bare == spec.roots_M
+        # K is spent within each prompt: m_i·N continuations for prompt i
+        for tree, i in zip(trees, result.tree_prompt, strict=True):
+            cont = sum(t.kind == "continuation" for t in tree.trajectories)
+            assert cont == result.pool_m[i] * spec.expansion_N
+    else:
+        assert bare == spec.total and result.anchor_K.sum() == 0
+
+
+def test_oracle_trace_beats_grpo_on_effective_ratio():
+    spec = BudgetSpec(256, 2)
+    grpo = [_step("grpo", spec=spec, seed=s).metrics["effective_ratio"] for s in range(3)]
+    trace = [_step("trace", spec=spec, seed=s).metrics["effective_ratio"] for s in range(3)]
+    assert np.mean(trace) > 2.0 * np.mean(grpo)
+
+
+# ---------------------------------------------------------------------------- no-anchor rule
+def test_anchorless_prompts_spend_their_prefix_budget_at_the_root():
+    config = SimConfig(horizon_min=1, horizon_max=1)  # every rollout ends after one turn
+    result = _step("trace", config=config, seed=7)
+    assert result.anchor_K.size == 0
+    selected = result.pool_m > 0
+    assert np.array_equal(result.root_extra[selected], result.pool_m[selected] * SMALL.expansion_N)
+    assert result.root_extra[~selected].sum() == 0
+    for tree in result.trees:
+        conts = [t for t in tree.trajectories if t.kind == "continuation"]
+        assert conts and all(t.branch_node == ROOT for t in conts)
+    assert result.trajectories == SMALL.total
+
+
+def test_no_anchor_rule_applies_only_to_anchorless_prompts():
+    config = SimConfig(horizon_min=1, horizon_max=3)
+    result = _step("treepo", config=config, seed=8, spec=BudgetSpec(128, 2))
+    horizons = {
+        int(i): tree.root.info["horizon"] for tree, i in zip(result.trees, result.tree_prompt, strict=True)
+    }
+    assert 1 in horizons.values() and any(h > 1 for h in horizons.values())
+    for i, h in horizons.items():
+        k_here = result.anchor_K[result.anchor_prompt == i].sum()
+        if h == 1:
+            assert result.root_extra[i] == result.pool_m[i] * 2 and k_here == 0
+        else:
+            assert result.root_extra[i] == 0 and k_here == result.pool_m[i] * 2
+
+
+# ---------------------------------------------------------------------------- predictors
+def test_learned_predictor_is_scored_before_it_trains():
+    predictor = LearnedPredictor(horizon_max=SimConfig().horizon_max)
+    rng = np.random.default_rng(9)
+    run_step("trace", SMALL, predictor, rng)  # one step so that the model is no longer at init
+    before = copy.deepcopy(predictor)
+    result = run_step("trace", SMALL, predictor, rng)
+    assert predictor.updates == 2
+    for tree, i in zip(result.trees, result.tree_prompt, strict=True):
+        anchors = result.anchor_node[result.anchor_prompt == i]
+        hist = tree_histories(tree, [ROOT, *anchors.tolist()], SimConfig().horizon_max)
+        recorded = np.r_[result.pool_pred[i], result.anchor_pred[result.anchor_prompt == i]]
+        np.testing.assert_allclose(before.score(hist), recorded, rtol=0, atol=1e-12)
+        # the trained model scores the same histories differently: the step's predictions were
+        # made by the model that had not seen these trees
+        assert np.max(np.abs(predictor.score(hist) - recorded)) > 1e-6
+
+
+def test_learned_predictor_never_reads_the_hidden_value():
+    predictor = LearnedPredictor()
+    _step("trace", predictor=predictor, seed=10)
+    result = _step("trace", predictor=predictor, seed=11)
+    tree = result.trees[0]
+    hist = tree_histories(tree, list(range(len(tree.nodes))), 8)
+    fake_value = np.random.default_rng(0).random(len(hist))
+    scrambled = HistoryBatch(hist.prompt_feature, hist.observations, hist.depth, fake_value)
+    np.testing.assert_array_equal(predictor.score(hist), predictor.score(scrambled))
+
+
+def test_learned_predictor_learns_the_value():
+    predictor = make_predictor("learned", seed=1)
+    rng = np.random.default_rng(12)
+    spec = BudgetSpec(256, 2)
+    first = run_step("trace", spec, predictor, rng).metrics
+    for _ in range(5):
+        last = run_step("trace", spec, predictor, rng).metrics
+    assert last["spearman_anchor_vs_true"] > 0.7
+    assert last["spearman_root_vs_true"] > 0.9
+    assert last["spearman_anchor_vs_true"] > first["spearman_anchor_vs_true"]
+
+
+def test_oracle_and_noisy_predictors():
+    result = _step("trace", seed=13)
+    np.testing.assert_array_equal(result.anchor_pred, result.anchor_value)
+    np.testing.assert_array_equal(result.pool_pred, result.pool_value)
+    for tree, i in zip(result.trees, result.tree_prompt, strict=True):
+        assert tree.root.info["p0"] == result.pool_value[i]
+    v = result.anchor_value
+    hist = HistoryBatch(np.zeros(v.size), np.full((v.size, 8), np.nan), np.ones(v.size, dtype=np.int64), v)
+    rho = [spearman(NoisyPredictor(std, seed=0).score(hist), v) for std in (0.5, 4.0)]
+    assert 1.0 > rho[0] > rho[1] > 0.3
+
+
+def test_supervised_set_is_roots_and_nodes_with_two_leaves():
+    result = _step("trace", seed=15)
+    histories, targets = supervised_histories(result.trees, 8)
+    expected_targets, expected_depths = [], []
+    for tree in result.trees:
+        leaves, v_hat = tree.leaf_counts(), tree.tree_values()
+        for n in tree.nodes:
+            if n.id == ROOT or (not n.terminal and leaves[n.id] >= 2):
+                expected_targets.append(v_hat[n.id])
+                expected_depths.append(n.depth)
+    np.testing.assert_array_equal(targets, expected_targets)
+    np.testing.assert_array_equal(histories.depth, expected_depths)
+    assert (histories.depth > 0).any()  # expanded prefixes are supervised, not only roots
+    # a history's observations are those of its own path, turn by turn
+    tree = result.trees[0]
+    node = max(tree.anchors(), key=lambda a: tree.nodes[a].depth)
+    hist = tree_histories(tree, [node], 8)
+    path_obs = [tree.nodes[n].info["obs"] for n in tree.path(node)[1:]]
+    np.testing.assert_array_equal(hist.observations[0, : len(path_obs)], path_obs)
+    assert np.isnan(hist.observations[0, len(path_obs) :]).all()
+
+
+def test_learned_predictor_rejects_a_mismatched_horizon():
+    result = _step("trace", seed=16)
+    hist = tree_histories(result.trees[0], [ROOT], 8)
+    with pytest.raises(ValueError, match="horizon_max"):
+        LearnedPredictor(horizon_max=10).score(hist)
+
+
+# ---------------------------------------------------------------------------- trees and metrics
+def test_trees_round_trip_and_feed_the_metrics_unchanged():
+    result = _step("trace", seed=14)
+    again = [RolloutTree.from_json(t.to_json()) for t in result.trees]
+    assert again == result.trees
+    assert effective_ratio(again) == result.metrics["effective_ratio"]
+    for tree in result.trees:
+        assert all(not n.token_ids for n in tree.nodes)
+        assert all("V" in n.info and "obs" in n.info for n in tree.nodes[1:])
+
+
+# ---------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"difficulty_beta": 0.0}, "difficulty_beta"),
+        ({"horizon_min": 0}, "horizon_min"),
+        ({"horizon_min": 5, "horizon_max": 4}, "horizon_min"),
+        ({"kappa": -1.0}, "kappa"),
+        ({"observation_noise_std": -0.1}, "observation_noise_std"),
+        ({"feature_clip": 0.7}, "feature_clip"),
+    ],
+)
+def test_bad_config_is_a_value_error(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        SimConfig(**kwargs)
+
+
+def test_bad_predictor_output_and_names():
+    class OutOfRange:
+        def score(self, histories):
+            return np.full(len(histories), 1.5)
+
+        def update(self, trees):
+            return None
+
+    with pytest.raises(ValueError, match="outside"):
+        _step(predictor=OutOfRange())
+    with pytest.raises(ValueError, match="unknown predictor"):
+        make_predictor("psychic")
+    with pytest.raises(ValueError, match="unknown allocation method"):
+        _step(method="greedy")
+    with pytest.raises(ValueError, match="logit_noise_std"):
+        NoisyPredictor(-1.0)

@@ -1,0 +1,665 @@
+"""A synthetic agentic environment for allocation studies (SPEC §1–§4, §7).
+
+Each prompt has a hidden difficulty and a horizon; each turn moves a hidden success probability
+``V_t`` as a bounded martingale, so ``V_t = E[r | H_t]`` holds *exactly* (SPEC §1's definition)
+and the contrast potential ``V_t(1 − V_t)`` decays towards the end of a path:
+
+- difficulty ``p0 = V_0 ~ Beta(a, a)`` with ``a = 0.15`` (U-shaped: most prompts are nearly
+  always or never solved, so uniform sampling wastes most groups);
+- horizon ``T ~ uniform{3..8}``, shared by every path of the prompt (a continuation branched at
+  turn ``t`` runs turns ``t+1..T``);
+- ``V_{t+1} ~ Beta(κ V_t, κ (1 − V_t))`` with ``κ = 6`` (mean ``V_t``: a martingale), 0 and 1
+  absorbing;
+- reward ``r ~ Bernoulli(V_T)`` at the terminal turn ``T``.
+
+A real predictor could not see ``V``. What it may see: a prompt feature
+``logit(p0) + N(0, 1)`` (standard deviation 1) and, at each turn, an observation
+``V_t + N(0, 0.25)`` (standard deviation 0.25, not variance). The defaults are pinned in
+:class:`SimConfig` (frozen) so that results cannot be tuned after the fact; change them only to
+run a declared sensitivity study.
+
+:func:`run_step` runs one step of SPEC §2–§4 for any method of the allocation registry:
+sample a shuffled candidate pool, score the roots, allocate ``m``, roll out the bare paths,
+score the anchors, allocate ``K`` per prompt (SPEC §3, including the no-anchor rule), roll out
+the continuations, build real :class:`~trace_core.tree.RolloutTree` objects (empty token lists;
+the hidden ``V_t`` and the observation in ``node.info``), compute SPEC §7's metrics, and only
+then let the predictor learn from the step's trees — so every prediction used for allocation or
+reported in the metrics is out-of-sample.
+
+Sampling is vectorised over paths (a Python loop runs over the ≤ ``horizon_max`` turns); trees
+are built in a light loop over nodes. Everything is seeded: the same generator state, method,
+budget and predictor give the same :class:`StepResult`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from trace_core.advantages import get_advantage_estimator
+from trace_core.allocation import BudgetSpec, Method, get_method
+from trace_core.metrics import (
+    allocation_stats,
+    contrastive_yield,
+    effective_ratio,
+    predictor_spearman,
+    prefix_effective_ratio,
+    spearman,
+)
+from trace_core.tree import ROOT, RolloutTree
+
+
+# ============================================================================ configuration
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulator's pinned defaults (issue 2 item 7). Every field is part of the experiment's
+    definition; the benchmark reports the values it ran with."""
+
+    difficulty_beta: float = 0.15  # a in p0 ~ Beta(a, a): prompt difficulty (U-shaped for a < 1)
+    horizon_min: int = 3  # smallest number of turns T of a prompt (T ~ uniform{min..max})
+    horizon_max: int = 8  # largest number of turns T of a prompt
+    kappa: float = 6.0  # κ: concentration of V_{t+1} ~ Beta(κ V_t, κ(1 − V_t)); smaller = noisier
+    feature_noise_std: float = 1.0  # std of the Gaussian added to logit(p0) in the prompt feature
+    observation_noise_std: float = 0.25  # std (not variance) of the Gaussian added to V_t per turn
+    feature_clip: float = 1e-9  # p0 is clipped to [c, 1 − c] before the logit, so the feature is finite
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.difficulty_beta) and self.difficulty_beta > 0):
+            raise ValueError(f"difficulty_beta = {self.difficulty_beta}: a Beta parameter must be > 0")
+        if not (isinstance(self.horizon_min, int) and isinstance(self.horizon_max, int)):
+            raise ValueError("horizon_min and horizon_max must be integers")
+        if not 1 <= self.horizon_min <= self.horizon_max:
+            raise ValueError(
+                f"horizon_min = {self.horizon_min}, horizon_max = {self.horizon_max}: "
+                "need 1 <= horizon_min <= horizon_max"
+            )
+        if not (np.isfinite(self.kappa) and self.kappa > 0):
+            raise ValueError(f"kappa = {self.kappa}: the martingale's concentration must be > 0")
+        for name in ("feature_noise_std", "observation_noise_std"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} = {value}: a noise std must be finite and >= 0")
+        if not 0 < self.feature_clip < 0.5:
+            raise ValueError(f"feature_clip = {self.feature_clip}: it must lie in (0, 0.5)")
+
+
+# ============================================================================ the environment
+@dataclass(frozen=True)
+class PromptPool:
+    """A step's candidate prompts. ``p0`` and ``horizon`` are hidden; ``feature`` is visible."""
+
+    p0: np.ndarray  # float64 (B,): V_0, the prompt's true success probability
+    horizon: np.ndarray  # int64 (B,): T, turns of every path of the prompt
+    feature: np.ndarray  # float64 (B,): logit(p0) + N(0, feature_noise_std)
+
+
+def sample_prompts(config: SimConfig, size: int, rng: np.random.Generator) -> PromptPool:
+    """``size`` fresh prompts, i.i.d. from the configured prior."""
+    if size < 0:
+        raise ValueError(f"size = {size}: the number of prompts cannot be negative")
+    a = config.difficulty_beta
+    p0 = rng.beta(a, a, size=size)
+    horizon = rng.integers(config.horizon_min, config.horizon_max + 1, size=size)
+    c = config.feature_clip
+    clipped = np.clip(p0, c, 1.0 - c)
+    feature = np.log(clipped) - np.log1p(-clipped) + rng.normal(0.0, config.feature_noise_std, size=size)
+    return PromptPool(p0=p0, horizon=horizon.astype(np.int64), feature=feature)
+
+
+def martingale_step(v: np.ndarray, kappa: float, rng: np.random.Generator) -> np.ndarray:
+    """One turn: ``V' ~ Beta(κ V, κ (1 − V))`` where ``0 < V < 1``; 0 and 1 stay put."""
+    out = np.array(v, dtype=np.float64, copy=True)
+    moving = (out > 0.0) & (out < 1.0)
+    if moving.any():
+        vm = out[moving]
+        out[moving] = rng.beta(kappa * vm, kappa * (1.0 - vm))
+    return out
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Simulated paths, one row each; column ``d`` is turn ``d`` (0 = the root)."""
+
+    values: np.ndarray  # float64 (n, H + 1): hidden V_d for start < d <= T (V_start at start), NaN elsewhere
+    observations: np.ndarray  # float64 (n, H + 1): V_d + noise for start < d <= T, NaN elsewhere
+    reward: np.ndarray  # float64 (n,): Bernoulli(V_T), 0.0 or 1.0
+
+
+def simulate_paths(
+    start_value: np.ndarray,
+    start_depth: np.ndarray,
+    horizon: np.ndarray,
+    config: SimConfig,
+    rng: np.random.Generator,
+) -> Paths:
+    """Run each path from ``V = start_value`` at turn ``start_depth`` to its ``horizon``."""
+    start_value = np.asarray(start_value, dtype=np.float64)
+    start_depth = np.asarray(start_depth, dtype=np.int64)
+    horizon = np.asarray(horizon, dtype=np.int64)
+    n, H = start_value.shape[0], config.horizon_max
+    if not (start_depth.shape == horizon.shape == (n,)):
+        raise ValueError("start_value, start_depth and horizon must be 1-D arrays of one length")
+    if n and (np.any(start_depth < 0) or np.any(start_depth >= horizon) or np.any(horizon > H)):
+        raise ValueError(f"need 0 <= start_depth < horizon <= horizon_max = {H} for every path")
+    values = np.full((n, H + 1), np.nan)
+    observations = np.full((n, H + 1), np.nan)
+    rows = np.arange(n)
+    values[rows, start_depth] = start_value
+    current = start_value.copy()
+    for d in range(1, H + 1):
+        active = (start_depth < d) & (d <= horizon)
+        if not active.any():
+            continue
+        current[active] = martingale_step(current[active], config.kappa, rng)
+        values[active, d] = current[active]
+        observations[active, d] = current[active] + rng.normal(
+            0.0, config.observation_noise_std, size=int(active.sum())
+        )
+    final = values[rows, horizon] if n else np.zeros(0)
+    reward = (rng.random(n) < final).astype(np.float64)
+    return Paths(values=values, observations=observations, reward=reward)
+
+
+# ============================================================================ predictors
+@dataclass(frozen=True)
+class HistoryBatch:
+    """Histories ``H_t`` to score. ``prompt_feature``, ``observations`` and ``depth`` are what a
+    real predictor could read; ``true_value`` is the hidden ``V_t``, for the oracle and the
+    noisy predictor only (a learned predictor must never read it)."""
+
+    prompt_feature: np.ndarray  # float64 (n,): the prompt's visible feature
+    observations: np.ndarray  # float64 (n, horizon_max): column c = turn c + 1's observation; NaN after depth
+    depth: np.ndarray  # int64 (n,): t (0 = the prompt root)
+    true_value: np.ndarray  # float64 (n,): hidden V_t
+
+    def __post_init__(self) -> None:
+        n = self.prompt_feature.shape[0]
+        if self.observations.ndim != 2 or self.observations.shape[0] != n:
+            raise ValueError(
+                f"observations must have shape ({n}, horizon_max), got {self.observations.shape}"
+            )
+        if self.depth.shape != (n,) or self.true_value.shape != (n,):
+            raise ValueError("depth and true_value must have one entry per history")
+
+    def __len__(self) -> int:
+        return self.prompt_feature.shape[0]
+
+
+class ValuePredictor(Protocol):
+    """The predictor ``Ṽψ`` of SPEC §5, as the simulator uses it: score histories before the
+    step allocates, learn from the step's finished trees after it (a no-op for fixed ones)."""
+
+    def score(self, histories: HistoryBatch) -> np.ndarray:
+        """One value in [0, 1] per history."""
+        ...
+
+    def update(self, trees: Sequence[RolloutTree]) -> None:
+        """Learn from a step's complete trees (tree-backed targets, SPEC §5)."""
+        ...
+
+
+def _logit(p: np.ndarray, clip: float) -> np.ndarray:
+    p = np.clip(p, clip, 1.0 - clip)
+    return np.log(p) - np.log1p(-p)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free
+
+
+class OraclePredictor:
+    """Returns the true ``V_t``: the upper bound of what any predictor can do."""
+
+    def score(self, histories: HistoryBatch) -> np.ndarray:
+        return histories.true_value.copy()
+
+    def update(self, trees: Sequence[RolloutTree]) -> None:
+        return None
+
+
+class NoisyPredictor:
+    """``sigmoid(logit(V) + N(0, logit_noise_std))``: the oracle with a controllable rank error
+    (larger std, lower Spearman; the benchmark reports the Spearman it achieves). ``V`` is
+    clipped to [clip, 1 − clip] before the logit so that 0 and 1 stay finite."""
+
+    def __init__(self, logit_noise_std: float = 1.0, seed: int = 0, clip: float = 1e-4) -> None:
+        if not (np.isfinite(logit_noise_std) and logit_noise_std >= 0):
+            raise ValueError(f"logit_noise_std = {logit_noise_std}: it must be finite and >= 0")
+        if not 0 < clip < 0.5:
+            raise ValueError(f"clip = {clip}: it must lie in (0, 0.5)")
+        self.logit_noise_std = float(logit_noise_std)
+        self.clip = float(clip)
+        self._rng = np.random.default_rng(seed)
+
+    def score(self, histories: HistoryBatch) -> np.ndarray:
+        z = _logit(histories.true_value, self.clip)
+        return _sigmoid(z + self._rng.normal(0.0, self.logit_noise_std, size=z.shape[0]))
+
+    def update(self, trees: Sequence[RolloutTree]) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class LearnedPredictorConfig:
+    """A tiny MLP ``Ṽψ`` trained online on tree-backed targets (SPEC §5) — our stand-in for the
+    paper's Qwen3-0.6B value head. Its hyper-parameters are the model's, not the simulator's."""
+
+    hidden_units: int = 32  # width of the one tanh hidden layer
+    learning_rate: float = 0.01  # Adam step size (a tiny model; the paper's 3e-5 is for a 0.6B LM)
+    iterations_per_update: int = 40  # Adam iterations after each step (warm-started from the last)
+    batch_size: int = 2048  # samples per Adam iteration, drawn from the replay without replacement
+    replay_steps: int = 4  # train on the supervised nodes of the last k steps (the newest included)
+    min_leaves: int = 2  # SPEC §5's S: roots plus internal nodes with >= this many leaves below
+    feature_clip: float = 8.0  # |prompt feature| is clipped here before scaling
+    observation_decay: float = 0.5  # per-turn weight ratio of the exponentially weighted observation mean
+    seed: int = 0  # initial weights
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_units", "iterations_per_update", "batch_size", "replay_steps", "min_leaves"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)}: it must be >= 1")
+        if not (self.learning_rate > 0 and self.feature_clip > 0 and 0 < self.observation_decay <= 1):
+            raise ValueError("learning_rate and feature_clip must be > 0; observation_decay in (0, 1]")
+
+
+def visible_features(histories: HistoryBatch, feature_clip: float = 8.0, decay: float = 0.5) -> np.ndarray:
+    """The learned predictor's input, built only from what a real predictor sees (never ``V``):
+    scaled prompt feature, last observation, exponentially weighted and plain means of the
+    observations so far, depth / horizon_max, and a root indicator. Shape ``(n, 6)``."""
+    n, H = histories.observations.shape
+    depth = histories.depth
+    f = np.clip(histories.prompt_feature, -feature_clip, feature_clip) / 4.0
+    cols = np.arange(1, H + 1)[None, :]  # turn of each column
+    seen = (cols <= depth[:, None]) & ~np.isnan(histories.observations)
+    obs = np.where(seen, histories.observations, 0.0)
+    count = seen.sum(axis=1)
+    has = count > 0
+    last = np.where(has, obs[np.arange(n), np.clip(depth - 1, 0, H - 1)], 0.0)
+    w = np.where(seen, decay ** (depth[:, None] - cols).clip(min=0), 0.0)
+    ewm = np.divide((w * obs).sum(axis=1), w.sum(axis=1), out=np.zeros(n), where=has)
+    mean = np.divide(obs.sum(axis=1), count, out=np.zeros(n), where=has)
+    return np.column_stack([f, last, ewm, mean, depth / H, (~has).astype(np.float64)])
+
+
+class LearnedPredictor:
+    """A one-hidden-layer MLP (numpy, seeded) over :func:`visible_features`, trained online with
+    minibatch Adam on the squared error to SPEC §5's targets ``V̂`` (``tree.tree_values()``) at
+    the roots and the internal nodes with ≥ 2 leaves below. Our choices: every supervised node
+    weighs the same (the paper's 6% prefix share of a batch is not reproduced), and a short
+    replay of recent steps stabilises the online fit. It starts untrained (outputs near 0.5):
+    run it for warm-up steps before reading its figures.
+
+    Out-of-sample by construction: :func:`run_step` scores a step's histories before calling
+    :meth:`update` with that step's trees."""
+
+    def __init__(self, config: LearnedPredictorConfig | None = None, horizon_max: int = 8) -> None:
+        self.config = config or LearnedPredictorConfig()
+        self.horizon_max = int(horizon_max)
+        rng = np.random.default_rng(self.config.seed)
+        d, h = 6, self.config.hidden_units
+        self.params = {
+            "W1": rng.normal(0.0, 1.0 / np.sqrt(d), size=(d, h)),
+            "b1": np.zeros(h),
+            "w2": rng.normal(0.0, 1.0 / np.sqrt(h), size=h),
+            "b2": np.zeros(1),
+        }
+        self._adam_m = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self._adam_v = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self._adam_t = 0
+        self._replay: list[tuple[np.ndarray, np.ndarray]] = []
+        self._batch_rng = np.random.default_rng([self.config.seed, 1])  # minibatch draws
+        self.updates = 0  # number of update() calls so far
+        self.last_loss = float("nan")  # training MSE after the last update
+
+    def _features(self, histories: HistoryBatch) -> np.ndarray:
+        return visible_features(histories, self.config.feature_clip, self.config.observation_decay)
+
+    def _forward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        hidden = np.tanh(x @ self.params["W1"] + self.params["b1"])
+        return hidden, _sigmoid(hidden @ self.params["w2"] + self.params["b2"][0])
+
+    def score(self, histories: HistoryBatch) -> np.ndarray:
+        if histories.observations.shape[1] != self.horizon_max:
+            raise ValueError(
+                f"histories have {histories.observations.shape[1]} observation columns but the predictor "
+                f"was built for horizon_max = {self.horizon_max}"
+            )
+        if len(histories) == 0:
+            return np.zeros(0)
+        return self._forward(self._features(histories))[1]
+
+    def update(self, trees: Sequence[RolloutTree]) -> None:
+        histories, targets = supervised_histories(trees, self.horizon_max, self.config.min_leaves)
+        self._replay.append((self._features(histories), targets))
+        self._replay = self._replay[-self.config.replay_steps :]
+        x = np.concatenate([r[0] for r in self._replay])
+        y = np.concatenate([r[1] for r in self._replay])
+        self.updates += 1
+        if y.size == 0:
+            return
+        beta1, beta2, eps, lr = 0.9, 0.999, 1e-8, self.config.learning_rate
+        for _ in range(self.config.iterations_per_update):
+            if y.size > self.config.batch_size:
+                rows = self._batch_rng.choice(y.size, size=self.config.batch_size, replace=False)
+                xb, yb = x[rows], y[rows]
+            else:
+                xb, yb = x, y
+            hidden, pred = self._forward(xb)
+            # d/dz of mean (sigmoid(z) − y)² = 2 (pred − y) pred (1 − pred) / n
+            dz = 2.0 * (pred - yb) * pred * (1.0 - pred) / yb.size
+            dh = np.outer(dz, self.params["w2"]) * (1.0 - hidden**2)
+            grads = {"W1": xb.T @ dh, "b1": dh.sum(axis=0), "w2": hidden.T @ dz, "b2": np.array([dz.sum()])}
+            self._adam_t += 1
+            for k, g in grads.items():
+                self._adam_m[k] = beta1 * self._adam_m[k] + (1 - beta1) * g
+                self._adam_v[k] = beta2 * self._adam_v[k] + (1 - beta2) * g * g
+                m_hat = self._adam_m[k] / (1 - beta1**self._adam_t)
+                v_hat = self._adam_v[k] / (1 - beta2**self._adam_t)
+                self.params[k] = self.params[k] - lr * m_hat / (np.sqrt(v_hat) + eps)
+        self.last_loss = float(np.mean((self._forward(x)[1] - y) ** 2))
+
+
+def tree_histories(tree: RolloutTree, nodes: Sequence[int], horizon_max: int) -> HistoryBatch:
+    """The histories ending at ``nodes`` of a simulator tree, read from ``node.info``."""
+    n = len(nodes)
+    obs = np.full((n, horizon_max), np.nan)
+    depth = np.zeros(n, dtype=np.int64)
+    value = np.zeros(n)
+    for row, node_id in enumerate(nodes):
+        node = tree.nodes[node_id]
+        depth[row] = node.depth
+        value[row] = tree.root.info["p0"] if node_id == ROOT else node.info["V"]
+        walk = node_id
+        while walk != ROOT:
+            w = tree.nodes[walk]
+            obs[row, w.depth - 1] = w.info["obs"]
+            walk = w.parent
+    feature = np.full(n, float(tree.root.info["feature"]))
+    return HistoryBatch(prompt_feature=feature, observations=obs, depth=depth, true_value=value)
+
+
+def supervised_histories(
+    trees: Sequence[RolloutTree], horizon_max: int, min_leaves: int = 2
+) -> tuple[HistoryBatch, np.ndarray]:
+    """SPEC §5's training set ``S`` of a step: each tree's root and its internal nodes with
+    ``>= min_leaves`` leaves below, with their tree-backed targets ``V̂``."""
+    batches, targets = [], []
+    for tree in trees:
+        leaves, v_hat = tree.leaf_counts(), tree.tree_values()
+        nodes = [n.id for n in tree.nodes if n.id == ROOT or (not n.terminal and leaves[n.id] >= min_leaves)]
+        if leaves[ROOT] == 0:
+            continue
+        batches.append(tree_histories(tree, nodes, horizon_max))
+        targets.append(v_hat[nodes])
+    if not batches:
+        empty = np.zeros(0)
+        return HistoryBatch(empty, np.zeros((0, horizon_max)), np.zeros(0, dtype=np.int64), empty), empty
+    return (
+        HistoryBatch(
+            prompt_feature=np.concatenate([b.prompt_feature for b in batches]),
+            observations=np.concatenate([b.observations for b in batches]),
+            depth=np.concatenate([b.depth for b in batches]),
+            true_value=np.concatenate([b.true_value for b in batches]),
+        ),
+        np.concatenate(targets),
+    )
+
+
+DEFAULT_NOISE_STD = 2.0  # the benchmark's "noisy" predictor: root Spearman ≈ 0.95, anchor ≈ 0.9
+
+
+def make_predictor(
+    kind: str, config: SimConfig | None = None, seed: int = 0, noise_std: float = DEFAULT_NOISE_STD
+) -> ValuePredictor:
+    """``"oracle"``, ``"noisy"`` (logit noise of std ``noise_std``) or ``"learned"`` (seeded)."""
+    config = config or SimConfig()
+    if kind == "oracle":
+        return OraclePredictor()
+    if kind == "noisy":
+        return NoisyPredictor(logit_noise_std=noise_std, seed=seed)
+    if kind == "learned":
+        return LearnedPredictor(LearnedPredictorConfig(seed=seed), horizon_max=config.horizon_max)
+    raise ValueError(f"unknown predictor kind {kind!r}; known: oracle, noisy, learned")
+
+
+# ============================================================================ one step
+@dataclass
+class StepResult:
+    """Everything one simulated step produced. Pool arrays have one entry per candidate prompt
+    (shuffled order); anchor arrays one per anchor of the bare rollouts, grouped by prompt."""
+
+    method: str
+    trees: list[RolloutTree]  # one per selected prompt (m > 0), in pool order
+    tree_prompt: np.ndarray  # int64: pool index of each tree
+    pool_m: np.ndarray  # int64 (B,): bare rollouts per pool prompt (0 = skipped)
+    pool_pred: np.ndarray  # float64 (B,): predicted root value v (scored before any update)
+    pool_value: np.ndarray  # float64 (B,): hidden p0
+    root_extra: np.ndarray  # int64 (B,): extra root rollouts of anchorless prompts (SPEC §3)
+    anchor_prompt: np.ndarray  # int64 (A,): pool index of the anchor's prompt
+    anchor_node: np.ndarray  # int64 (A,): node id in that prompt's tree
+    anchor_turn: np.ndarray  # int64 (A,): t
+    anchor_position: np.ndarray  # float64 (A,): t / T
+    anchor_reward: np.ndarray  # float64 (A,): reward of the bare rollout through the anchor
+    anchor_pred: np.ndarray  # float64 (A,): predicted V at the anchor (before any update)
+    anchor_value: np.ndarray  # float64 (A,): hidden V_t
+    anchor_K: np.ndarray  # int64 (A,): continuations allocated to the anchor
+    trajectories: int  # finished trajectories in the trees (== spec.total, asserted)
+    turns_generated: int  # generated turn nodes: the simulator's stand-in for tokens
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _checked_scores(values: object, n: int, what: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.shape != (n,):
+        raise ValueError(f"predictor returned shape {arr.shape} for {n} {what} histories")
+    if np.any(~np.isfinite(arr) | (arr < 0) | (arr > 1)):
+        raise ValueError(f"predictor returned {what} values outside [0, 1] (or NaN)")
+    return arr
+
+
+def _segment_bounds(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.searchsorted(sorted_keys, keys, "left"), np.searchsorted(sorted_keys, keys, "right")
+
+
+def run_step(
+    method: str | Method,
+    spec: BudgetSpec,
+    predictor: ValuePredictor,
+    rng: np.random.Generator,
+    config: SimConfig | None = None,
+    compute_metrics: bool = True,
+) -> StepResult:
+    """One step of SPEC §2–§4 with ``method`` at budget ``spec`` (``spec.total`` trajectories).
+
+    Order: pool → score roots → ``m`` → bare rollouts → score anchors → ``K`` per prompt
+    (an anchorless prompt spends ``m_i·N`` on extra root rollouts) → continuations → trees →
+    metrics → ``predictor.update(trees)``. Raises AssertionError if the trees do not hold
+    exactly ``spec.total`` trajectories (the equal-budget contract of SPEC §4)."""
+    config = config or SimConfig()
+    method = get_method(method) if isinstance(method, str) else method
+    H, N = config.horizon_max, spec.expansion_N
+
+    # ---- candidate pool, shuffled (fresh i.i.d. prompts; the shuffle keeps SPEC §2's promise
+    # that no prompt is favoured by its index even if a caller passes a fixed dataset order)
+    pool = sample_prompts(config, spec.pool_size, rng)
+    order = rng.permutation(spec.pool_size)
+    pool = PromptPool(p0=pool.p0[order], horizon=pool.horizon[order], feature=pool.feature[order])
+    B = spec.pool_size
+
+    # ---- stage 1: roots
+    root_batch = HistoryBatch(pool.feature, np.full((B, H), np.nan), np.zeros(B, dtype=np.int64), pool.p0)
+    v = _checked_scores(predictor.score(root_batch), B, "root")
+    m = np.asarray(method.allocate_roots(v, spec, rng), dtype=np.int64)
+    prefix_budget = m * N if method.expands else np.zeros(B, dtype=np.int64)
+    if int(m.sum() + prefix_budget.sum()) != spec.total:
+        raise AssertionError(f"{method.name}: spends {int(m.sum() + prefix_budget.sum())} != {spec.total}")
+    selected = np.flatnonzero(m)
+
+    # ---- bare rollouts, grouped by prompt in pool order
+    bare_prompt = np.repeat(selected, m[selected])
+    R = bare_prompt.size
+    bare_start = np.zeros(R, dtype=np.int64)
+    bare = simulate_paths(pool.p0[bare_prompt], bare_start, pool.horizon[bare_prompt], config, rng)
+
+    # ---- anchors: turns 1..T−1 of each bare rollout
+    n_anchor = pool.horizon[bare_prompt] - 1
+    anchor_path = np.repeat(np.arange(R), n_anchor)
+    A = anchor_path.size
+    anchor_turn = 1 + np.arange(A) - np.repeat(np.cumsum(n_anchor) - n_anchor, n_anchor)
+    anchor_prompt = bare_prompt[anchor_path]
+    anchor_obs = bare.observations[anchor_path, 1:]
+    anchor_obs = np.where(np.arange(1, H + 1)[None, :] <= anchor_turn[:, None], anchor_obs, np.nan)
+    anchor_value = bare.values[anchor_path, anchor_turn]
+    anchor_batch = HistoryBatch(pool.feature[anchor_prompt], anchor_obs, anchor_turn, anchor_value)
+    p = _checked_scores(predictor.score(anchor_batch), A, "anchor")
+    anchor_reward = bare.reward[anchor_path]
+
+    # ---- stage 2: prefixes, prompt by prompt (SPEC §3: a prompt needs only its own rollouts)
+    K = np.zeros(A, dtype=np.int64)
+    root_extra = np.zeros(B, dtype=np.int64)
+    lo, hi = _segment_bounds(anchor_prompt, selected)
+    for i, a0, a1 in zip(selected.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        budget = int(prefix_budget[i])
+        if budget == 0:
+            continue
+        if a0 == a1:  # no anchors: the root is the depth-0 anchor
+            root_extra[i] = budget
+            continue
+        K[a0:a1] = method.allocate_prefixes(p[a0:a1], anchor_reward[a0:a1], budget, anchor_turn[a0:a1], rng)
+    spent = int(m.sum() + K.sum() + root_extra.sum())
+    if spent != spec.total:
+        raise AssertionError(f"{method.name}: allocated {spent} rollouts != {spec.total}")
+
+    # ---- continuations (from anchors, then extra root rollouts), grouped by prompt
+    cont_anchor = np.repeat(np.arange(A), K)
+    extra_prompt = np.repeat(np.arange(B), root_extra)
+    cont_prompt = np.concatenate([anchor_prompt[cont_anchor], extra_prompt])
+    cont_start_depth = np.concatenate([anchor_turn[cont_anchor], np.zeros(extra_prompt.size, dtype=np.int64)])
+    cont_start_value = np.concatenate([anchor_value[cont_anchor], pool.p0[extra_prompt]])
+    cont_from_anchor = np.concatenate([cont_anchor, np.full(extra_prompt.size, -1, dtype=np.int64)])
+    by_prompt = np.argsort(cont_prompt, kind="stable")
+    cont_prompt, cont_start_depth = cont_prompt[by_prompt], cont_start_depth[by_prompt]
+    cont_start_value, cont_from_anchor = cont_start_value[by_prompt], cont_from_anchor[by_prompt]
+    cont = simulate_paths(cont_start_value, cont_start_depth, pool.horizon[cont_prompt], config, rng)
+
+    # ---- trees
+    trees, anchor_node = _build_trees(
+        pool, selected, bare_prompt, bare, anchor_path, anchor_turn, cont_prompt, cont_start_depth,
+        cont_from_anchor, cont,
+    )
+    trajectories = sum(len(t.trajectories) for t in trees)
+    if trajectories != spec.total:
+        raise AssertionError(f"{method.name}: trees hold {trajectories} trajectories != {spec.total}")
+    turns = sum(len(t.nodes) - 1 for t in trees)
+    result = StepResult(
+        method=method.name, trees=trees, tree_prompt=selected, pool_m=m, pool_pred=v, pool_value=pool.p0,
+        root_extra=root_extra, anchor_prompt=anchor_prompt, anchor_node=anchor_node, anchor_turn=anchor_turn,
+        anchor_position=anchor_turn / pool.horizon[anchor_prompt], anchor_reward=anchor_reward,
+        anchor_pred=p, anchor_value=anchor_value, anchor_K=K, trajectories=trajectories,
+        turns_generated=turns,
+    )
+    if compute_metrics:
+        result.metrics = step_metrics(result)
+    predictor.update(trees)  # after every score of this step has been used and recorded
+    return result
+
+
+def _build_trees(
+    pool: PromptPool,
+    selected: np.ndarray,
+    bare_prompt: np.ndarray,
+    bare: Paths,
+    anchor_path: np.ndarray,
+    anchor_turn: np.ndarray,
+    cont_prompt: np.ndarray,
+    cont_start_depth: np.ndarray,
+    cont_from_anchor: np.ndarray,
+    cont: Paths,
+) -> tuple[list[RolloutTree], np.ndarray]:
+    """Real rollout trees with empty token lists; ``info`` holds ``V`` and ``obs`` per node and
+    ``p0``, ``horizon`` and ``feature`` at the root. Returns the trees and each anchor's node id."""
+    bare_v, bare_o, bare_r = bare.values.tolist(), bare.observations.tolist(), bare.reward.tolist()
+    cont_v, cont_o, cont_r = cont.values.tolist(), cont.observations.tolist(), cont.reward.tolist()
+    horizon = pool.horizon.tolist()
+    node_of_path: list[list[int]] = [[] for _ in range(bare_prompt.size)]
+    b_lo, b_hi = _segment_bounds(bare_prompt, selected)
+    c_lo, c_hi = _segment_bounds(cont_prompt, selected)
+    starts, from_anchor = cont_start_depth.tolist(), cont_from_anchor.tolist()
+    a_path, a_turn = anchor_path.tolist(), anchor_turn.tolist()
+    trees = []
+    bounds = zip(selected.tolist(), b_lo.tolist(), b_hi.tolist(), c_lo.tolist(), c_hi.tolist(), strict=True)
+    for i, j0, j1, k0, k1 in bounds:
+        T = horizon[i]
+        tree = RolloutTree(
+            prompt_id=str(i),
+            info={"p0": float(pool.p0[i]), "horizon": T, "feature": float(pool.feature[i])},
+        )
+        for j in range(j0, j1):
+            traj = tree.start_trajectory("bare")
+            ids = [ROOT]
+            vj, oj = bare_v[j], bare_o[j]
+            for d in range(1, T + 1):
+                ids.append(tree.add_turn(traj, [], [], info={"V": vj[d], "obs": oj[d]}))
+            tree.finish(traj, bare_r[j])
+            node_of_path[j] = ids
+        for c in range(k0, k1):
+            a = from_anchor[c]
+            branch = ROOT if a < 0 else node_of_path[a_path[a]][a_turn[a]]
+            traj = tree.start_trajectory("continuation", branch_node=branch)
+            vc, oc = cont_v[c], cont_o[c]
+            for d in range(starts[c] + 1, T + 1):
+                tree.add_turn(traj, [], [], info={"V": vc[d], "obs": oc[d]})
+            tree.finish(traj, cont_r[c])
+        trees.append(tree)
+    anchor_node = np.array([node_of_path[j][t] for j, t in zip(a_path, a_turn, strict=True)], dtype=np.int64)
+    return trees, anchor_node
+
+
+def step_metrics(result: StepResult) -> dict[str, float]:
+    """SPEC §7's contrast metrics, allocation statistics and predictor diagnostics of one step.
+
+    Spearman is reported twice: against the tree-backed targets ``V̂`` (SPEC §5, what a real
+    run can log) and against the hidden true ``V`` over the whole pool / every anchor (what only
+    a simulator can know). All predictions were made before the predictor saw this step."""
+    trees = result.trees
+    advantages = get_advantage_estimator("tree")(trees)
+    predictions = []
+    tree_of_prompt = {int(i): k for k, i in enumerate(result.tree_prompt)}
+    for k, tree in enumerate(trees):
+        pred = np.full(len(tree.nodes), np.nan)
+        pred[ROOT] = result.pool_pred[result.tree_prompt[k]]
+        predictions.append(pred)
+    for a in range(result.anchor_node.size):
+        tree_k = tree_of_prompt[int(result.anchor_prompt[a])]
+        predictions[tree_k][result.anchor_node[a]] = result.anchor_pred[a]
+    sp = predictor_spearman(trees, predictions)
+    extra = np.flatnonzero(result.root_extra)
+    stats = allocation_stats(
+        result.pool_m,
+        np.concatenate([result.anchor_K, result.root_extra[extra]]),
+        np.concatenate([result.anchor_position, np.zeros(extra.size)]),
+    )
+    k_share = stats.k_share_by_position
+    out = {
+        "effective_ratio": effective_ratio(trees),
+        "prefix_effective_ratio": prefix_effective_ratio(trees),
+        "contrastive_yield": contrastive_yield(trees, advantages),
+        "activated_prompts": float(len(trees)),
+        "skipped_share": stats.skipped_share,
+        "mean_m_selected": stats.mean_m_selected,
+        "mean_rollouts_selected": stats.mean_rollouts_selected,
+        "trajectories": float(result.trajectories),
+        "turns_generated": float(result.turns_generated),
+        "spearman_root_vs_target": sp.root,
+        "spearman_prefix_vs_target": sp.prefix,
+        "spearman_root_vs_true": spearman(result.pool_pred, result.pool_value),
+        "spearman_anchor_vs_true": spearman(result.anchor_pred, result.anchor_value),
+        "mean_reward": float(np.mean(np.concatenate([t.outcomes() for t in trees]))) if trees else np.nan,
+    }
+    for b in range(k_share.size):
+        lo_edge, hi_edge = stats.position_bin_edges[b], stats.position_bin_edges[b + 1]
+        out[f"k_share_pos_{lo_edge:.1f}_{hi_edge:.1f}"] = float(k_share[b])
+    return out
