@@ -6,11 +6,6 @@ put the original ones back. The model is built from a seed into a temporary dire
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override EngineConfig.kv_cache_bytes
-
 import json  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -19,8 +14,6 @@ import pytest  # noqa: E402
 from trace_core.models import (  # noqa: E402
     CHATML_SPECIALS,
     TEXT_MARKERS,
-    TinyQwen3Config,
-    build_tiny_qwen3,
     init_tiny_qwen3,
     train_tokenizer,
 )
@@ -41,52 +34,6 @@ LOGPROB_ATOL = 1e-3
 BLOCK = 32
 
 
-def _config(path, **kw) -> EngineConfig:
-    return EngineConfig(model_path=str(path), dtype="float32", block_size=BLOCK, max_model_len=1024,
-                        kv_cache_bytes=64 << 20, seed=0, **kw)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """The tiny model runs fastest on one thread (per-step overhead dominates; OMP spin-waits hurt)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory):
-    """Two tiny Qwen3 policies with the same tokenizer and different weights (seeds 0 and 1)."""
-    root = tmp_path_factory.mktemp("tiny_qwen3")
-    return {seed: build_tiny_qwen3(root / f"seed{seed}", TinyQwen3Config(seed=seed)) for seed in (0, 1)}
-
-
-@pytest.fixture(scope="session")
-def reference_models(tiny_models):
-    from transformers import AutoModelForCausalLM
-
-    return {seed: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-            for seed, path in tiny_models.items()}
-
-
-@pytest.fixture(scope="session")
-def vllm_engine(tiny_models):
-    pytest.importorskip("vllm")
-    from trace_core.rollout.vllm_engine import VLLMEngine
-
-    engine = VLLMEngine(_config(tiny_models[0]))
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="session")
-def hf_engine(tiny_models):
-    from trace_core.rollout.hf_engine import HFEngine
-
-    engine = HFEngine(_config(tiny_models[0]))
-    yield engine
-    engine.close()
 
 
 @pytest.fixture(params=["vllm", "hf"])

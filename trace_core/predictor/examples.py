@@ -1,0 +1,82 @@
+"""SPEC §5's supervised set and its sampling into predictor examples. Pure numpy.
+
+``S`` = each tree's prompt root plus its *informative* prefixes: non-root, non-terminal nodes
+with at least ``min_leaves`` (default 2) leaves below. Targets are the tree-backed means ``V̂``
+(:meth:`RolloutTree.tree_values`). Prefixes are sub-sampled so that they make up about
+``prefix_share`` of a step's examples (the paper: 6% of a predictor batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trace_core.tree import ROOT, RolloutTree
+
+
+def informative_prefixes(tree: RolloutTree, min_leaves: int = 2) -> np.ndarray:
+    """Non-root, non-terminal nodes of ``tree`` with ``>= min_leaves`` leaves below (int64, id order)."""
+    if min_leaves < 1:
+        raise ValueError(f"min_leaves must be >= 1, got {min_leaves}")
+    leaves = tree.leaf_counts()
+    return np.array(
+        [n.id for n in tree.nodes[1:] if not n.terminal and leaves[n.id] >= min_leaves], dtype=np.int64
+    )
+
+
+@dataclass(frozen=True)
+class Example:
+    """One supervised node: tree index (into the step's trees), node id, target ``V̂``."""
+
+    tree: int
+    node: int
+    target: float
+
+
+@dataclass(frozen=True)
+class SupervisedSet:
+    """A step's candidates: every root with a leaf, every informative prefix."""
+
+    roots: list[Example]
+    prefixes: list[Example]
+
+
+def supervised_set(trees: Sequence[RolloutTree], min_leaves: int = 2) -> SupervisedSet:
+    """SPEC §5's ``S`` over a step's trees. A tree without leaves (a skipped prompt) gives nothing."""
+    roots, prefixes = [], []
+    for i, tree in enumerate(trees):
+        if not isinstance(tree, RolloutTree):
+            raise ValueError(f"trees[{i}] is a {type(tree).__name__}, not a RolloutTree")
+        if tree.leaf_counts()[ROOT] == 0:
+            continue
+        v_hat = tree.tree_values()
+        roots.append(Example(i, ROOT, float(v_hat[ROOT])))
+        prefixes.extend(Example(i, int(n), float(v_hat[n])) for n in informative_prefixes(tree, min_leaves))
+    return SupervisedSet(roots, prefixes)
+
+
+def num_prefix_examples(
+    num_roots: int, num_candidates: int, prefix_share: float, rng: np.random.Generator
+) -> int:
+    """How many prefixes to draw so that they are ``prefix_share`` of the examples in expectation:
+    ``share / (1 − share) · num_roots``, rounded stochastically, capped by the candidates."""
+    if not 0 <= prefix_share < 1:
+        raise ValueError(f"prefix_share must lie in [0, 1), got {prefix_share}")
+    if num_roots < 0 or num_candidates < 0:
+        raise ValueError("num_roots and num_candidates must be >= 0")
+    expected = prefix_share / (1.0 - prefix_share) * num_roots
+    whole = int(np.floor(expected))
+    n = whole + int(rng.random() < expected - whole)
+    return min(n, num_candidates)
+
+
+def sample_examples(
+    candidates: SupervisedSet, prefix_share: float, rng: np.random.Generator
+) -> tuple[list[Example], int]:
+    """All roots plus a uniform sample (without replacement) of prefixes; returns the examples
+    (roots first, prefixes in candidate order) and the number of prefixes drawn."""
+    n = num_prefix_examples(len(candidates.roots), len(candidates.prefixes), prefix_share, rng)
+    chosen = np.sort(rng.choice(len(candidates.prefixes), size=n, replace=False)) if n else np.zeros(0, int)
+    return list(candidates.roots) + [candidates.prefixes[j] for j in chosen.tolist()], n

@@ -1,0 +1,265 @@
+"""Policy optimisation under DeepSpeed ZeRO (stages 0–3; gloo on CPU, NCCL on GPUs).
+
+Every rank receives the same list of trees and advantages (the rollout result); the trees are
+split deterministically into ``world_size × micro_batches`` groups balanced by token count, each
+group one packed forward (shared prefixes trained once). The loss of a group is its summed token
+losses divided by the step's total number of model-written tokens, scaled so that DeepSpeed's
+division by the accumulation steps and its averaging over ranks give exactly the gradient of the
+step's token-mean loss — the same update whatever the number of processes or the ZeRO stage.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trace_core.predictor.scoring import tree_attention_mask
+from trace_core.training.ppo import (
+    PackedTargets,
+    PPOLossConfig,
+    pack_trees_for_training,
+    ppo_clip_token_losses,
+    token_logprobs,
+)
+from trace_core.tree import RolloutTree
+
+
+@dataclass
+class PolicyTrainConfig:
+    """How the policy is updated each step."""
+
+    lr: float = 1e-5  # AdamW learning rate (tiny random policies want ~1e-4)
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
+    grad_clip: float = 1.0  # global gradient-norm clip (0 = off)
+    zero_stage: int = 2  # DeepSpeed ZeRO stage, 0–3
+    micro_batches: int = 2  # packed forwards per rank per optimizer step (gradient accumulation)
+    ppo_epochs: int = 1  # optimizer steps over the same trees (the clip matters from the 2nd on)
+    ppo: PPOLossConfig = field(default_factory=PPOLossConfig)  # surrogate and KL settings
+    dist_backend: str = "gloo"  # "gloo" on CPU, "nccl" on GPUs
+    dtype: str = "float32"  # "float32" or "bfloat16" (bf16 mixed precision on GPUs)
+    attn_implementation: str = "sdpa"  # "sdpa" or "eager" (the tree mask is dense)
+    seed: int = 0  # torch seed for anything stochastic in the update
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.micro_batches < 1 or self.ppo_epochs < 1:
+            raise ValueError("micro_batches and ppo_epochs must be >= 1")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.dist_backend not in ("gloo", "nccl"):
+            raise ValueError(f"dist_backend must be 'gloo' or 'nccl', got {self.dist_backend!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+
+
+def init_distributed(backend: str) -> tuple[int, int]:
+    """Join (or, alone, create) the process group; returns (rank, world_size).
+
+    Launched by torchrun/deepspeed the environment says who we are; a plain ``python`` process
+    becomes rank 0 of 1 on a free local port."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op on first use
+        # (a minute of C++ on a fresh machine); gloo's all-reduce is all we need here.
+        import deepspeed.ops
+
+        if backend == "gloo":
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        if "RANK" not in os.environ:
+            os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+        deepspeed.init_distributed(dist_backend=backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def split_groups(token_counts: Sequence[int], n_groups: int) -> list[list[int]]:
+    """Deterministic balanced split: largest first onto the lightest group (ties: lowest index)."""
+    groups: list[list[int]] = [[] for _ in range(n_groups)]
+    load = [0] * n_groups
+    for i in sorted(range(len(token_counts)), key=lambda j: (-token_counts[j], j)):
+        g = min(range(n_groups), key=lambda k: (load[k], k))
+        groups[g].append(i)
+        load[g] += token_counts[i]
+    return [sorted(g) for g in groups]
+
+
+class PolicyOptimizer:
+    """A causal LM under DeepSpeed with a tree-packed PPO-clip update."""
+
+    def __init__(self, model_dir: str | Path, config: PolicyTrainConfig) -> None:
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        self.config = config
+        self.rank, self.world_size = init_distributed(config.dist_backend)
+        torch.manual_seed(config.seed)
+        dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=torch.float32, attn_implementation=config.attn_implementation
+        )
+        self.ref_model = None
+        if config.ppo.kl_coef > 0:  # frozen copy of the starting policy
+            self.ref_model = AutoModelForCausalLM.from_pretrained(
+                str(model_dir), dtype=dtype, attn_implementation=config.attn_implementation
+            ).eval().requires_grad_(False)
+        ds_config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": config.micro_batches,
+            "gradient_clipping": config.grad_clip,
+            "zero_optimization": {"stage": config.zero_stage},
+            "optimizer": {"type": "AdamW", "params": {
+                "lr": config.lr, "betas": list(config.betas), "weight_decay": config.weight_decay,
+                "torch_adam": True}},
+            "bf16": {"enabled": config.dtype == "bfloat16"},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
+        )
+        self.device = self.engine.device
+        self.updates = 0
+
+    # ------------------------------------------------------------------ forward pieces
+    def _logprobs(self, model: torch.nn.Module, pack, targets: PackedTargets) -> torch.Tensor:
+        ids = torch.as_tensor(pack.token_ids, device=self.device)
+        pos = torch.as_tensor(pack.position_ids, device=self.device)[None]
+        mask = tree_attention_mask(pack, self.device, self.config.attn_implementation)
+        out = model(input_ids=ids[None], position_ids=pos, attention_mask={"full_attention": mask}, use_cache=False)
+        pred = torch.as_tensor(targets.predecessor, device=self.device)
+        return token_logprobs(out.logits[0], ids, pred)
+
+    def _my_groups(self, trees: Sequence[RolloutTree]) -> tuple[list[list[int]], int]:
+        counts = [t.num_generated_tokens() for t in trees]
+        n_groups = self.world_size * self.config.micro_batches
+        groups = split_groups(counts, n_groups)
+        mine = groups[self.rank * self.config.micro_batches:(self.rank + 1) * self.config.micro_batches]
+        return mine, int(sum(counts))
+
+    # ------------------------------------------------------------------ the update
+    def update(self, trees: Sequence[RolloutTree], advantages: Sequence[np.ndarray]) -> dict[str, float]:
+        """One training step on the trees: recompute old log-probs with the training model, then
+        ``ppo_epochs`` optimizer steps of the clipped surrogate (token-mean)."""
+        if len(trees) != len(advantages):
+            raise ValueError(f"trees ({len(trees)}) and advantages ({len(advantages)}) must match")
+        groups, total_tokens = self._my_groups(trees)
+        if total_tokens == 0:
+            raise ValueError("the trees hold no model-written tokens to train on")
+        packed: list[tuple[Any, PackedTargets] | None] = []
+        for g in groups:
+            if not g:
+                packed.append(None)
+                continue
+            (pack, targets), *rest = pack_trees_for_training(
+                [trees[i] for i in g], [advantages[i] for i in g], max_tokens_per_forward=1 << 62
+            )
+            assert not rest
+            packed.append((pack, targets))
+        # Old log-probs from the training model (the engine's may differ: kernels, dtype).
+        old: list[torch.Tensor | None] = []
+        ref: list[torch.Tensor | None] = []
+        gap_sum, gap_n = 0.0, 0
+        self.engine.eval()
+        with torch.no_grad():
+            for item in packed:
+                if item is None:
+                    old.append(None)
+                    ref.append(None)
+                    continue
+                pack, targets = item
+                lp = self._logprobs(self.engine, pack, targets)
+                m = torch.as_tensor(targets.loss_mask, device=self.device)
+                engine_lp = torch.as_tensor(targets.old_logprob, device=self.device)
+                gap_sum += float((lp - engine_lp).abs()[m].sum())
+                gap_n += int(m.sum())
+                old.append(lp)
+                ref.append(self._logprobs(self.ref_model, pack, targets) if self.ref_model is not None else None)
+        self.engine.train()
+        # Scale: DeepSpeed divides by the accumulation steps and averages over ranks.
+        scale = self.config.micro_batches * self.world_size / total_tokens
+        stats = {"policy_loss": 0.0, "clip_frac": 0.0, "kl": 0.0}
+        for _ in range(self.config.ppo_epochs):
+            for item, old_lp, ref_lp in zip(packed, old, ref, strict=True):
+                if item is None:
+                    # An idle micro-batch (fewer trees than groups) still joins the collective
+                    # gradient reduction: a one-token forward with zero loss.
+                    out = self.engine(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
+                                      use_cache=False)
+                    self.engine.backward(out.logits.sum() * 0.0)
+                    self.engine.step()
+                    continue
+                pack, targets = item
+                lp = self._logprobs(self.engine, pack, targets)
+                m = torch.as_tensor(targets.loss_mask, device=self.device)
+                adv = torch.as_tensor(targets.advantage, device=self.device)
+                token_loss, s = ppo_clip_token_losses(lp, old_lp, adv, self.config.ppo, ref_lp)
+                loss = (token_loss * m).sum() * scale
+                self.engine.backward(loss)
+                self.engine.step()
+                stats["policy_loss"] += float((token_loss.detach() * m).sum()) / total_tokens
+                stats["clip_frac"] += float((s["clip_frac"] * m).sum()) / total_tokens
+                if "kl" in s:
+                    stats["kl"] += float((s["kl"] * m).sum()) / total_tokens
+            self.updates += 1
+        epochs = self.config.ppo_epochs
+        stats = {k: v / epochs for k, v in stats.items()}
+        stats.update(
+            logprob_gap_vs_engine=gap_sum / max(gap_n, 1), trained_tokens=float(total_tokens),
+            grad_norm=float(self.engine.get_global_grad_norm() or 0.0),
+        )
+        return _allreduce_mean(stats, self.world_size) if self.world_size > 1 else stats
+
+    # ------------------------------------------------------------------ weights and state
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter, gathered (ZeRO-3 partitions them), on CPU — for the rollout engine."""
+        module = self.engine.module
+        if self.config.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+                return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+        return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+
+    def save_pretrained(self, out_dir: str | Path) -> None:
+        """Save the current policy as a transformers model directory (rank 0 writes)."""
+        state = self.full_state_dict()
+        if self.rank == 0:
+            self.engine.module.save_pretrained(str(out_dir), state_dict=state)
+
+    def save_checkpoint(self, ckpt_dir: str | Path, tag: str) -> None:
+        """Weights and optimizer state (all ranks participate)."""
+        self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"updates": self.updates})
+
+    def load_checkpoint(self, ckpt_dir: str | Path, tag: str) -> None:
+        _, client = self.engine.load_checkpoint(str(ckpt_dir), tag=tag)
+        if client is None:
+            raise ValueError(f"no policy checkpoint {tag!r} under {ckpt_dir}")
+        self.updates = int(client.get("updates", 0))
+
+
+def _allreduce_mean(stats: dict[str, float], world: int) -> dict[str, float]:
+    import torch.distributed as dist
+
+    keys = sorted(stats)
+    t = torch.tensor([stats[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    # Sums of per-rank shares (loss, clip_frac, kl, tokens) add up; the rest are averaged.
+    additive = {"policy_loss", "clip_frac", "kl"}
+    return {k: float(v) if k in additive else float(v) / world for k, v in zip(keys, t.tolist(), strict=True)}
