@@ -1,0 +1,172 @@
+"""Tree rollouts end to end on a real (tiny, random) Qwen3 through the session's vLLM engine."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from trace_core.allocation import METHODS, BudgetSpec, get_method
+from trace_core.rollout.agent import AgentConfig, observation_text
+from trace_core.rollout.env import Action, FixedTurnsEnvironment, Observation, Task, parse_action
+from trace_core.rollout.executor import TreeRolloutExecutor
+from trace_core.tree import ROOT
+
+AGENT = AgentConfig(max_turns=8, max_new_tokens=12, max_total_tokens=1024, temperature=1.0, seed=7)
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_engine):
+    """The session's shared vLLM engine (prefix caching on)."""
+    return vllm_engine
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
+
+
+def tasks(n: int, turns: int | list[int] = 3) -> list[Task]:
+    per = turns if isinstance(turns, list) else [turns] * n
+    return [Task(id=f"q{i}", question=f"What is {i} + {i}?", answer=str(2 * i), metadata={"turns": per[i]})
+            for i in range(n)]
+
+
+def fixed_env(task: Task) -> FixedTurnsEnvironment:
+    return FixedTurnsEnvironment(num_turns=task.metadata["turns"])
+
+
+def random_scorer(tree, nodes) -> np.ndarray:
+    rng = np.random.default_rng(len(tree.nodes))
+    return rng.random(len(nodes))
+
+
+def run(engine, tokenizer, method: str, m: list[int], n_expand: int, task_list, tool_workers: int = 0, seed=0):
+    executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT, tool_workers=tool_workers)
+    return executor.run(task_list, m, get_method(method), n_expand, random_scorer, np.random.default_rng(seed))
+
+
+def test_trees_hold_exact_token_histories_and_masks(engine, tokenizer) -> None:
+    result = run(engine, tokenizer, "trace", [2, 3], 2, tasks(2))
+    assert len(result.trees) == 2
+    for tree in result.trees:
+        tree.validate()
+        # Drift check: the engine received exactly the stored ids of the node it continued from.
+        for node in tree.nodes:
+            key = (tree.prompt_id, node.id)
+            if key in result.received_histories:
+                assert list(result.received_histories[key]) == tree.history_tokens(node.id)
+        for node in tree.nodes[1:]:
+            # Every child's history starts with its parent's history, token for token.
+            parent = tree.history_tokens(node.parent)
+            assert tree.history_tokens(node.id)[: len(parent)] == parent
+            n_model = sum(node.loss_mask)
+            # Model tokens come first (mask 1), observation tokens after them (mask 0).
+            assert node.loss_mask == [1] * n_model + [0] * (len(node.token_ids) - n_model)
+            if not node.terminal:
+                obs = tokenizer.decode(node.token_ids[n_model:])
+                assert obs == observation_text(f"turn {node.depth - tree.nodes[0].depth} of 3")
+            assert node.logprobs is not None and all(lp <= 0 for lp in node.logprobs[:n_model])
+        # Fixed 3-turn episodes: every trajectory ends at depth 3; anchors at depths 1 and 2.
+        assert {tree.nodes[leaf].depth for leaf in tree.leaves()} == {3}
+        assert {tree.nodes[a].depth for a in tree.anchors()} <= {1, 2}
+
+
+def test_malformed_actions_give_error_observations_and_the_rollout_goes_on(engine, tokenizer) -> None:
+    result = run(engine, tokenizer, "grpo", [2], 0, tasks(1, turns=4))
+    tree = result.trees[0]
+    assert all(tree.nodes[leaf].depth == 4 for leaf in tree.leaves())
+    assert result.stats.tool_errors == result.stats.turns > 0  # a random model writes no valid action
+    assert parse_action('I think. <tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>').tool == "search"
+    assert "not valid JSON" in parse_action("<tool_call>{oops</tool_call>").error
+    assert parse_action("so <answer> 42 </answer>").final_answer == "42"
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_spends_the_same_budget_through_the_executor(engine, tokenizer, method: str) -> None:
+    spec = BudgetSpec(roots_M=8, expansion_N=1, group_size_G=4, max_per_prompt=4, pool_factor=1)
+    rng = np.random.default_rng(0)
+    v = rng.random(spec.pool_size)
+    m = get_method(method).allocate_roots(v, spec, rng)
+    result = run(engine, tokenizer, method, m.tolist(), spec.expansion_N, tasks(spec.pool_size, turns=2))
+    assert result.stats.trajectories == spec.total == sum(len(t.trajectories) for t in result.trees)
+    assert result.stats.generated_tokens == sum(t.num_generated_tokens() for t in result.trees)
+
+
+def test_prompt_without_anchors_spends_its_budget_on_extra_root_rollouts(engine, tokenizer) -> None:
+    result = run(engine, tokenizer, "trace", [2], 3, tasks(1, turns=1))
+    tree = result.trees[0]
+    assert tree.anchors() == []
+    conts = [t for t in tree.trajectories if t.kind == "continuation"]
+    assert len(conts) == 2 * 3 and all(t.branch_node == ROOT for t in conts)
+    assert result.continuations_per_anchor["q0"] == {ROOT: 6}
+
+
+def test_continuations_start_at_the_allocated_anchors(engine, tokenizer) -> None:
+    result = run(engine, tokenizer, "trace", [4], 2, tasks(1, turns=3))
+    tree = result.trees[0]
+    k = result.continuations_per_anchor["q0"]
+    assert sum(k.values()) == 8
+    starts: dict[int, int] = {}
+    for t in tree.trajectories:
+        if t.kind == "continuation":
+            starts[t.branch_node] = starts.get(t.branch_node, 0) + 1
+            # A continuation runs to the episode's horizon from its anchor.
+            assert tree.nodes[t.leaf].depth == 3
+    assert starts == k
+
+
+def test_same_seed_gives_the_same_trees(engine, tokenizer) -> None:
+    a = run(engine, tokenizer, "trace", [3, 2], 2, tasks(2), seed=5)
+    b = run(engine, tokenizer, "trace", [3, 2], 2, tasks(2), seed=5)
+
+    def without_logprobs(tree) -> dict:
+        d = tree.to_dict()
+        for node in d["nodes"]:
+            node.pop("logprobs")
+        return d
+
+    # Same tokens, structure, rewards and allocations; log-probs agree to float32 rounding (the
+    # second run reads its prefixes from the prefix cache instead of recomputing them).
+    assert [without_logprobs(t) for t in a.trees] == [without_logprobs(t) for t in b.trees]
+    for ta, tb in zip(a.trees, b.trees, strict=True):
+        for na, nb in zip(ta.nodes, tb.nodes, strict=True):
+            np.testing.assert_allclose(na.logprobs or [], nb.logprobs or [], atol=1e-4)
+    assert a.continuations_per_anchor == b.continuations_per_anchor
+
+
+class SlowFirstTurnsEnvironment(FixedTurnsEnvironment):
+    """The slow prompt's tool takes a while each turn (a long-running tool call)."""
+
+    def _execute(self, action: Action) -> Observation:
+        if self._task is not None and self._task.metadata.get("slow"):
+            time.sleep(0.3)
+        return super()._execute(action)
+
+
+def test_other_prompts_expand_before_a_slow_prompt_finishes(engine, tokenizer) -> None:
+    slow = Task(id="slow", question="slow one", metadata={"turns": 6, "slow": True})
+    quick = [Task(id=f"fast{i}", question=f"fast {i}", metadata={"turns": 2}) for i in range(3)]
+
+    def env_factory(task: Task) -> FixedTurnsEnvironment:
+        return SlowFirstTurnsEnvironment(num_turns=task.metadata["turns"])
+
+    executor = TreeRolloutExecutor(engine, tokenizer, env_factory, AGENT, tool_workers=4)
+    result = executor.run([slow, *quick], [2, 2, 2, 2], get_method("trace"), 2, random_scorer,
+                          np.random.default_rng(0))
+    order = [(e.kind, e.prompt_id) for e in result.events]
+    slow_bare_done = order.index(("bare_done", "slow"))
+    fast_expansions = [i for i, (kind, pid) in enumerate(order) if kind == "expand" and pid.startswith("fast")]
+    assert fast_expansions and min(fast_expansions) < slow_bare_done
+    assert order[0] == ("submit_bare", "slow")  # it was submitted first
+
+
+def test_bad_arguments_are_errors(engine, tokenizer) -> None:
+    executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT)
+    with pytest.raises(ValueError, match="same length"):
+        executor.run(tasks(2), [2], get_method("grpo"), 0, None, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="single rollout"):
+        executor.run(tasks(1), [1], get_method("grpo"), 0, None, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="score_prefixes is required"):
+        executor.run(tasks(1), [2], get_method("trace"), 2, None, np.random.default_rng(0))
