@@ -266,7 +266,9 @@ class TreeRolloutExecutor:
         self._stats.turns += 1
         self._stats.tool_errors += int(obs.tool_error)
         model_ids = list(sample.token_ids)
-        finished = obs.done or action.final_answer is not None or traj.turns >= self.agent.max_turns
+        # The environment decides when an answer ends the episode (in BFCL it only ends a user
+        # turn, and the next user message comes back as the observation).
+        finished = obs.done or traj.turns >= self.agent.max_turns
         obs_ids = [] if finished else observation_tokens(self.tokenizer, obs.text)
         if not finished:  # max tokens: the next turn needs room for at least one more token
             history_len = len(tree.history_tokens(traj.last_node)) + len(model_ids) + len(obs_ids)

@@ -69,7 +69,11 @@ def init_distributed(backend: str) -> tuple[int, int]:
     import deepspeed
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    if dist.is_initialized():  # e.g. by an in-process vLLM engine (a world of one, gloo)
+        os.environ.setdefault("RANK", str(dist.get_rank()))
+        os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
+        os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+    else:
         # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op on first use
         # (a minute of C++ on a fresh machine); gloo's all-reduce is all we need here.
         import deepspeed.ops
