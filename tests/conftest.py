@@ -12,12 +12,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override EngineConfig.kv_cache_bytes
 
+import signal  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 
 from trace_core.models import TinyQwen3Config, build_tiny_qwen3  # noqa: E402
 from trace_core.rollout import EngineConfig  # noqa: E402
 
 BLOCK = 32
+MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 
 
 def engine_config(path, **kw) -> EngineConfig:
@@ -77,3 +86,51 @@ def hf_engine(tiny_models):
     engine = HFEngine(engine_config(tiny_models[0]))
     yield engine
     engine.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real MLflow tracking server (sqlite backend, local artifact store) we can stop and restart."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root, self.port, self.proc = root, port, None
+        self.uri = f"http://127.0.0.1:{port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError("mlflow server did not start in 90 s")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """A real MLflow tracking server for one test module."""
+    srv = MlflowServer(tmp_path_factory.mktemp("mlflow"), free_port())
+    srv.start()
+    yield srv
+    srv.stop()
+
+

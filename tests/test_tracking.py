@@ -2,65 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import MlflowServer as Server
 
 from trace_core.tracking import MLflowTracker, TrackingConfig, mlflow_name
-
-MLFLOW = str(Path(sys.executable).with_name("mlflow"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A real MLflow tracking server (sqlite backend, local artifact store) we can stop and restart."""
-
-    def __init__(self, root: Path, port: int) -> None:
-        self.root, self.port, self.proc = root, port, None
-        self.uri = f"http://127.0.0.1:{port}"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError("mlflow server did not start in 90 s")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-            self.proc = None
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    srv = Server(tmp_path_factory.mktemp("mlflow"), free_port())
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 def history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:

