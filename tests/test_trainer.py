@@ -68,7 +68,9 @@ def test_killed_run_resumes_the_same_mlflow_run(tiny_models, server, tmp_path) -
     out = tmp_path / "resume"
     args = [sys.executable, "-m", "trace_core.cli", "train", "engine.kind=hf",
             *tiny_overrides(tiny_models[0], out, server.uri, "trace", steps=6)]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launcher_vars}
+    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     log = (tmp_path / "first.log").open("w")
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     latest = out / "checkpoints" / "latest"

@@ -79,7 +79,8 @@ def init_distributed(backend: str) -> tuple[int, int]:
         os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
         os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
     else:
-        if "RANK" not in os.environ:
+        launched = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+        if not launched or os.environ.get("WORLD_SIZE") == "1":  # alone: rank 0 of 1
             os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
         deepspeed.init_distributed(dist_backend=backend)
