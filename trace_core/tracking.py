@@ -215,7 +215,9 @@ class MLflowTracker:
         path = Path(path)
         if not path.exists():
             raise ValueError(f"artifact {path} does not exist")
-        copy = self.spool / "files" / f"{self._seq:08d}_{path.name}"
+        # A folder per record keeps the artifact's own name in MLflow.
+        copy = self.spool / "files" / f"{self._seq:08d}" / path.name
+        copy.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
             shutil.copytree(path, copy)
         else:
@@ -344,3 +346,14 @@ class MLflowTracker:
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text[:MAX_PARAM_VALUE]
+
+
+def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None = None) -> str:
+    """The id of experiment ``name``, created (with ``artifact_location`` when given) if missing."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_location)

@@ -63,11 +63,11 @@ def load_tasks(cfg: TrainConfig) -> tuple[list[Task], Any]:
     tasks = [example_to_task(e) for e in examples]
     retriever = None
     if t.family == "qa":
-        from trace_core.retrieval import RetrievalIndex, Retriever, build_index
+        from trace_core.retrieval import RetrievalIndex, Retriever, build_index, load_corpus
 
         index_dir = Path(t.index_dir or Path(cfg.output_dir) / "qa_index")
         if not (index_dir / "manifest.json").is_file():
-            build_index(Path(t.data_dir) / "qa" / "corpus.jsonl", index_dir)
+            build_index(load_corpus(Path(t.data_dir) / "qa" / "corpus.jsonl"), index_dir)
         retriever = Retriever(RetrievalIndex.load(index_dir))
     factory = make_env_factory(t.family, t.envs, retriever=retriever)
     return tasks, factory
