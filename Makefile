@@ -16,7 +16,7 @@ export DVC_NO_ANALYTICS := 1
 export MPLBACKEND := Agg
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test venv lint bench bench-allocation bench-contrast clean-venv lock help
+.PHONY: run test venv data lint bench bench-allocation bench-contrast clean-venv lock help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,7 +44,14 @@ $(STAMP): requirements/lock.txt requirements/no-deps.txt pyproject.toml
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .
 
-test: $(STAMP)  ## ruff, then every test (the command CI runs)
+# data/ is DVC-tracked: on a fresh clone without a DVC remote it is regenerated (byte-for-byte
+# deterministic) and verified against the hash recorded in data.dvc.
+data/MANIFEST.json: data.dvc | $(STAMP)
+	$(BIN)/python -m trace_core.data.generate --out data --verify
+
+data: data/MANIFEST.json  ## regenerate data/ and verify it against data.dvc
+
+test: $(STAMP) data/MANIFEST.json  ## ruff, then every test (the command CI runs)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -ra --timeout=900 tests
 

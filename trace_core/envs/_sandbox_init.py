@@ -132,7 +132,14 @@ def _make_readonly_except(writable: list[str]) -> None:
 
 
 def _setup_mounts(spec: dict) -> None:
+    # Interpreter/package directories that live under /tmp or /dev/shm (a checkout or venv there)
+    # would vanish under the fresh tmpfs: hold them by O_PATH descriptors and bind them back.
+    held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in spec.get("preserve", [])]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_size_bytes']},mode=1777")
+    for path, fd in held:
+        if path.startswith("/tmp/"):
+            os.makedirs(path, 0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
     stage = "/tmp/.stage"
     os.mkdir(stage, 0o700)
     staged: list[tuple[str, str]] = []
@@ -157,7 +164,12 @@ def _setup_mounts(spec: dict) -> None:
         os.unlink(src)
     os.rmdir(stage)
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['shm_size_bytes']},mode=1777")
-    _make_readonly_except(["/tmp", "/dev/shm"])
+    for path, fd in held:
+        if path.startswith("/dev/shm/"):
+            os.makedirs(path, 0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.close(fd)
+    _make_readonly_except(["/tmp", "/dev/shm"])  # the bound-back directories stay read-only
     work = spec["workdir"]
     os.mkdir(work, 0o700)
     os.chown(work, spec["uid"], spec["gid"])

@@ -240,6 +240,18 @@ def _exposures(paths: Sequence[str], uid: int, gid: int) -> list[dict]:
     return [{"mask": mask, "paths": sorted(ps)} for mask, ps in groups.items()]
 
 
+def _under_private_mounts(paths: Sequence[str]) -> list[str]:
+    """The topmost of ``paths`` that lie under /tmp or /dev/shm, which the sandbox replaces with
+    fresh tmpfs mounts (e.g. a checkout and its venv under /tmp); the init binds them back."""
+    inside = sorted({os.path.realpath(p) for p in paths
+                     if os.path.realpath(p).startswith(("/tmp/", "/dev/shm/")) and os.path.isdir(p)})
+    out: list[str] = []
+    for p in inside:
+        if not any(p == q or p.startswith(q + "/") for q in out):
+            out.append(p)
+    return out
+
+
 def _interpreter_dirs(python: str) -> list[str]:
     real = os.path.realpath(python)
     dirs = [os.path.dirname(python), os.path.dirname(real), str(_HERE)]
@@ -350,6 +362,7 @@ class PythonSandbox:
             "tmp_size_bytes": c.tmp_bytes,
             "shm_size_bytes": c.shm_bytes,
             "expose": self._expose,
+            "preserve": _under_private_mounts(_interpreter_dirs(c.python)),
             "passwd": (
                 f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{c.uid}:{c.gid}::{_WORKDIR}:/bin/sh\n"
             ),
