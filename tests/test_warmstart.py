@@ -1,0 +1,264 @@
+"""Warm start: expert demonstrations in the executor's exact format, error rates, masked SFT."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trace_core.data import arith, kb
+from trace_core.envs.math_env import PYTHON_TOOL, MathEnvironment
+from trace_core.envs.qa_env import SEARCH_TOOL, QAEnvironment
+from trace_core.envs.registry import example_to_task
+from trace_core.models import TinyQwen3Config
+from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
+from trace_core.rollout.env import parse_action
+from trace_core.warmstart.demos import DemoConfig, build_scripts, corruption_rate, render_demos
+from trace_core.warmstart.experts import MathExpert, QAExpert, load_kb
+from trace_core.warmstart.policy import build_policy, split_digits, tokenizer_corpus
+from trace_core.warmstart.sft import SFTConfig, collate, masked_lm_loss, read_sft_log, sft
+from trace_core.warmstart.tools import PassageSearch
+
+AGENT = AgentConfig()
+TINY = TinyQwen3Config(seed=3, vocab_size=700, hidden_size=64, num_hidden_layers=1, num_attention_heads=1,
+                       num_key_value_heads=1, head_dim=32, intermediate_size=128, init_std=0.02)
+
+
+@pytest.fixture(scope="module")
+def math_tasks():
+    return [example_to_task(e) for e in arith.generate_split("train", 30, seed=0)]
+
+
+@pytest.fixture(scope="module")
+def qa_world(tmp_path_factory):
+    config = kb.KBConfig(n_train=40, n_test=0)
+    entities, passages, splits = kb.generate(config)
+    path = tmp_path_factory.mktemp("kb") / "kb.json"
+    path.write_text(json.dumps(kb.kb_record(entities)))
+    expert = QAExpert(load_kb(path), PassageSearch(passages))
+    return expert, [example_to_task(e) for e in splits["train"]], passages
+
+
+@pytest.fixture(scope="module")
+def scripts(math_tasks, qa_world):
+    expert, qa_tasks, _ = qa_world
+    config = DemoConfig(epsilon=0.3, seed=1)
+    return {"math": build_scripts(MathExpert(), math_tasks[:10], config),
+            "qa": build_scripts(expert, qa_tasks[:12], config)}
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory, scripts, qa_world):
+    corpus = tokenizer_corpus(scripts, {"math": [PYTHON_TOOL], "qa": [SEARCH_TOOL]}, AGENT, qa_world[2])
+    return build_policy(tmp_path_factory.mktemp("policy"), corpus, TINY)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(policy_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(policy_dir)
+
+
+@pytest.fixture(scope="module")
+def demos(tokenizer, scripts):
+    return {"math": render_demos(tokenizer, scripts["math"], [PYTHON_TOOL], AGENT),
+            "qa": render_demos(tokenizer, scripts["qa"], [SEARCH_TOOL], AGENT)}
+
+
+# ---------------------------------------------------------------------------------- demo format
+def test_every_model_turn_parses_to_the_intended_action(scripts) -> None:
+    for family, group in scripts.items():
+        assert any(s.corrupted_steps for s in group), f"{family}: epsilon=0.3 should corrupt some steps"
+        for script in group:
+            *calls, last = script.steps
+            assert calls and last.final_answer is not None and last.observation is None
+            for step in script.steps:
+                action = parse_action(step.text)
+                assert action.error is None, (script.task.id, step.text)
+                assert (action.tool, action.arguments, action.final_answer) == (
+                    step.tool, step.arguments, step.final_answer), (script.task.id, step.text)
+            assert all(parse_action(s.text).tool == ("python" if family == "math" else "search") for s in calls)
+
+
+def test_demo_token_ids_are_the_executors_rendering(tokenizer, demos) -> None:
+    tools = {"math": [PYTHON_TOOL], "qa": [SEARCH_TOOL]}
+    for family, group in demos.items():
+        for demo in group:
+            script = demo.script
+            assert list(demo.prompt_token_ids) == render_prompt(tokenizer, script.task, tools[family], AGENT)
+            for step, turn, obs in zip(script.steps, demo.turn_token_ids, demo.observation_token_ids, strict=True):
+                assert tokenizer.decode(turn) == step.text
+                expected = [] if step.observation is None else observation_tokens(tokenizer, step.observation)
+                assert list(obs) == expected
+            ids, mask = demo.token_ids, demo.loss_mask
+            assert len(ids) == len(mask)
+            model_tokens = [t for t, m in zip(ids, mask, strict=True) if m]
+            assert model_tokens == [t for turn in demo.turn_token_ids for t in turn]
+
+
+def test_turn_views_are_slices_of_the_demo_with_the_turns_mask(tokenizer, demos) -> None:
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    for demo in demos["qa"][:4] + demos["math"][:4]:
+        views = demo.turn_views(im_start)
+        assert len(views) == len(demo.turn_token_ids)
+        full = demo.token_ids
+        text = tokenizer.decode(list(views[0].token_ids))
+        assert text.startswith("<|im_start|>user\n" + demo.script.task.question) and "<|im_start|>system" not in text
+        for view, turn in zip(views, demo.turn_token_ids, strict=True):
+            ids = list(view.token_ids)
+            starts = [i for i in range(len(full) - len(ids) + 1) if full[i : i + len(ids)] == ids]
+            assert starts, "a view must be a contiguous slice of the demonstration"
+            assert [t for t, m in zip(ids, view.loss_mask, strict=True) if m] == list(turn)
+            assert view.loss_mask[-len(turn):] == [1] * len(turn) and sum(view.loss_mask) == len(turn)
+
+
+def test_copy_friendly_init(policy_dir) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)  # equal values ...
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()  # ... not tied
+    d = model.config.head_dim
+    for layer in model.model.layers:
+        ov = layer.self_attn.o_proj.weight[:, :d] @ layer.self_attn.v_proj.weight[:d]  # first head's OV circuit
+        assert torch.allclose(ov @ ov, ov, atol=1e-5) and abs(float(torch.trace(ov)) - d) < 1e-3  # a rank-d projection
+
+
+def test_the_pipeline_prompts_with_the_environments_tool_schemas() -> None:
+    from trace_core.warmstart.pipeline import TOOLS
+
+    # tool_descriptions() reads neither the sandbox nor the retriever
+    assert MathEnvironment(sandbox=None).tool_descriptions() == TOOLS["math"]  # type: ignore[arg-type]
+    assert QAEnvironment(retriever=None).tool_descriptions() == TOOLS["qa"]  # type: ignore[arg-type]
+
+
+def test_numbers_are_tokenised_digit_by_digit(tokenizer) -> None:
+    assert split_digits("x = 6390 * 27, 1,972") == "x = 6 3 9 0 * 2 7, 1,9 7 2"
+    pieces = tokenizer.tokenize("total = 6390 * 27")
+    assert [p for p in pieces if any(ch.isdigit() for ch in p)] == ["Ġ6", "3", "9", "0", "Ġ2", "7"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="the sandbox needs root + unshare")
+def test_in_process_math_observations_equal_the_sandboxed_environment(math_tasks) -> None:
+    from trace_core.envs.math_env import MathEnvConfig
+    from trace_core.envs.registry import make_env_factory
+
+    factory = make_env_factory("math", MathEnvConfig())
+    expert = MathExpert()
+    for task in math_tasks[:3]:  # three templates; the sandbox costs ~0.3 s a call
+        standin = expert.script(task, epsilon=0.0)
+        real = expert.script(task, epsilon=0.0, env=factory(task))
+        assert standin == real
+        assert standin.correct
+
+
+# ---------------------------------------------------------------------------------- error rate
+def test_the_error_rate_is_honoured(math_tasks, qa_world) -> None:
+    qa_expert, qa_tasks, _ = qa_world
+    math_expert = MathExpert()
+    for epsilon in (0.0, 1.0):
+        ms = [math_expert.script(t, epsilon) for t in math_tasks[:10]]
+        qs = [qa_expert.script(t, epsilon) for t in qa_tasks]
+        assert corruption_rate(ms) == epsilon and corruption_rate(qs) == epsilon
+        if epsilon == 0.0:  # the expert is right on every task
+            assert all(s.correct for s in ms + qs)
+        else:  # every step corrupted: (almost) never right
+            assert sum(s.correct for s in ms + qs) <= 0.1 * len(ms + qs)
+    epsilon = 0.25
+    qs = build_scripts(qa_expert, qa_tasks, DemoConfig(epsilon=epsilon, demos_per_task=4, seed=7))
+    ms = build_scripts(math_expert, math_tasks, DemoConfig(epsilon=epsilon, demos_per_task=2, seed=7))
+    for group in (qs, ms):
+        steps = sum(len(s.steps) for s in group)
+        rate = corruption_rate(group)
+        assert abs(rate - epsilon) < 4 * np.sqrt(epsilon * (1 - epsilon) / steps), (rate, steps)
+        # corrupted scripts are the wrong ones
+        assert all(s.correct for s in group if s.corrupted_steps == 0)
+    # the same seed gives the same scripts; another seed other errors
+    again = build_scripts(qa_expert, qa_tasks, DemoConfig(epsilon=epsilon, demos_per_task=4, seed=7))
+    other = build_scripts(qa_expert, qa_tasks, DemoConfig(epsilon=epsilon, demos_per_task=4, seed=8))
+    assert again == qs and other != qs
+
+
+def test_bad_inputs_are_value_errors(math_tasks) -> None:
+    with pytest.raises(ValueError, match="epsilon"):
+        MathExpert().script(math_tasks[0], epsilon=1.5)
+    with pytest.raises(ValueError, match="epsilon"):
+        DemoConfig(epsilon=-0.1)
+    with pytest.raises(ValueError, match="lr"):
+        SFTConfig(lr=0.0)
+    with pytest.raises(ValueError, match="solution_code"):
+        MathExpert().script(dataclasses.replace(math_tasks[0], metadata={}), epsilon=0.0)
+
+
+# ---------------------------------------------------------------------------------- SFT
+def _loss(model_dir: Path, demos) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        return float(masked_lm_loss(model, collate(demos, 1024, 0)))
+
+
+def test_sft_reduces_the_loss_and_saves_a_loadable_policy(policy_dir, demos, tmp_path) -> None:
+    from trace_core.rollout.engine import EngineConfig, GenerationRequest, SamplingConfig, generate
+    from trace_core.rollout.hf_engine import HFEngine
+
+    train = demos["math"][:4] + demos["qa"][:4]
+    before = _loss(policy_dir, demos["math"][:4]) + _loss(policy_dir, demos["qa"][:4])
+    out = sft(policy_dir, train, SFTConfig(lr=1e-2, epochs=6, batch_size=4, warmup_steps=2, progress=False),
+              out_dir=tmp_path / "sft")
+    after = _loss(out, demos["math"][:4]) + _loss(out, demos["qa"][:4])
+    assert after < 0.8 * before, (before, after)
+    log = read_sft_log(out)
+    assert log.steps == 12 and len(log.losses) == 12 and log.target_tokens == 6 * sum(sum(d.loss_mask) for d in train)
+    engine = HFEngine(EngineConfig(model_path=str(out), max_model_len=2048))
+    prompt = demos["math"][0].prompt_token_ids
+    done = generate(engine, [GenerationRequest("r", prompt, SamplingConfig(max_new_tokens=4, temperature=0))])
+    assert len(done[0].samples[0].token_ids) >= 1
+
+
+def test_only_model_written_tokens_contribute_to_the_loss(policy_dir, demos) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    # Demos cut after their first observation: nothing the model writes comes after it.
+    cut = [d.truncated(1) for d in demos["qa"][:3]]
+    rng = np.random.default_rng(0)
+
+    def with_observation(demo, ids):
+        return dataclasses.replace(demo, observation_token_ids=(tuple(ids),))
+
+    swapped = [with_observation(d, rng.integers(10, 600, size=len(d.observation_token_ids[0]) + 5)) for d in cut]
+    with torch.no_grad():
+        base = float(masked_lm_loss(model, collate(cut, 1024, 0)))
+        assert float(masked_lm_loss(model, collate(swapped, 1024, 0))) == pytest.approx(base, abs=1e-6)
+        # ... while changing a model-written token does change it (the check can fail)
+        turn = list(cut[0].turn_token_ids[0])
+        turn[3] = (turn[3] + 1) % 600
+        changed = [dataclasses.replace(cut[0], turn_token_ids=(tuple(turn),))] + cut[1:]
+        assert float(masked_lm_loss(model, collate(changed, 1024, 0))) != pytest.approx(base, abs=1e-4)
+        # shared-prefix batching computes the same loss as plain batching
+        full = demos["math"][:3]
+        shared, plain = collate(full, 1024, 0, share_prefix=True), collate(full, 1024, 0, share_prefix=False)
+        assert shared.prefix.numel() > 100 and plain.prefix.numel() == 0
+        assert float(masked_lm_loss(model, shared)) == pytest.approx(float(masked_lm_loss(model, plain)), rel=1e-5)
+
+
+def test_cli_parses_into_a_typed_config() -> None:
+    from trace_core.warmstart.__main__ import parse_args
+
+    config = parse_args(["--data", "d", "--out", "o", "--tasks", "math", "--epsilon", "0.2", "--epochs", "0.5",
+                         "--hidden", "96", "--layers", "2", "--heads", "2"])
+    assert config.families == ("math",) and config.demos.epsilon == 0.2 and config.sft.epochs == 0.5
+    assert (config.model.hidden_size, config.model.num_hidden_layers, config.model.num_key_value_heads) == (96, 2, 1)
+    with pytest.raises(ValueError, match="families"):
+        parse_args(["--tasks", "math,chess"])

@@ -1,0 +1,78 @@
+"""CLI: ``python -m trace_core.warmstart --data data --out runs/warm --tasks math,qa``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from trace_core.warmstart.demos import DemoConfig
+from trace_core.warmstart.evaluate import EvalConfig
+from trace_core.warmstart.pipeline import FAMILIES, FULL_SFT, VIEW_SFT, WarmStartConfig, run_warm_start
+from trace_core.warmstart.policy import WARM_MODEL
+
+
+def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
+    sft_d, view_d, demo_d, eval_d = FULL_SFT, VIEW_SFT, DemoConfig(), EvalConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m trace_core.warmstart",
+        description="Warm-start a tiny Qwen3 policy: scripted expert demonstrations (with errors), a tokenizer "
+        "trained on them, SFT on the model-written tokens, and its success rate per task through the "
+        "rollout executor and the real environments.",
+    )
+    p.add_argument("--data", default="data", help="generated data directory (python -m trace_core.data.generate)")
+    p.add_argument("--out", default="runs/warm", help="output directory (init/, policy/, demos.jsonl, report.json)")
+    p.add_argument("--tasks", default=",".join(FAMILIES), help=f"comma-separated task families from {FAMILIES}")
+    p.add_argument("--train-tasks", type=int, default=None, help="demonstrate only the first N training tasks")
+    p.add_argument("--epsilon", type=float, default=demo_d.epsilon, help="probability that an expert step is wrong")
+    p.add_argument("--demos-per-task", type=int, default=demo_d.demos_per_task)
+    p.add_argument("--hidden", type=int, default=WARM_MODEL.hidden_size, help="model width")
+    p.add_argument("--layers", type=int, default=WARM_MODEL.num_hidden_layers, help="decoder layers")
+    p.add_argument("--heads", type=int, default=WARM_MODEL.num_attention_heads, help="attention heads")
+    p.add_argument("--intermediate", type=int, default=WARM_MODEL.intermediate_size, help="MLP width")
+    p.add_argument("--vocab", type=int, default=WARM_MODEL.vocab_size, help="tokenizer size (upper bound)")
+    p.add_argument("--no-copy-init", action="store_true", help="plain random init (no copy_friendly_init)")
+    p.add_argument("--view-lr", type=float, default=view_d.lr, help="stage 1 (turn views) learning rate")
+    p.add_argument("--view-epochs", type=float, default=view_d.epochs, help="stage 1 epochs (0: skip stage 1)")
+    p.add_argument("--view-batch-size", type=int, default=view_d.batch_size, help="stage 1 batch size")
+    p.add_argument("--lr", type=float, default=sft_d.lr, help="stage 2 (full demonstrations) learning rate")
+    p.add_argument("--epochs", type=float, default=sft_d.epochs, help="stage 2 epochs")
+    p.add_argument("--batch-size", type=int, default=sft_d.batch_size, help="stage 2 batch size")
+    p.add_argument("--max-length", type=int, default=sft_d.max_length, help="demonstrations are cut to this")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for SFT (default: torch's)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the error draws, the weights, batch order, sampling")
+    p.add_argument("--eval-tasks", type=int, default=50, help="test tasks per family to evaluate (0: skip)")
+    p.add_argument("--eval-samples", type=int, default=eval_d.samples, help="trajectories per test task (>= 2)")
+    p.add_argument("--temperature", type=float, default=eval_d.temperature, help="evaluation sampling temperature")
+    p.add_argument("--qa-index", default=None, help="retriever index dir for QA evaluation (default: build one)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a = p.parse_args(argv)
+    families = tuple(t.strip() for t in a.tasks.split(",") if t.strip())
+    heads = a.heads
+    model = dataclasses.replace(
+        WARM_MODEL, seed=a.seed, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2) if heads % 2 == 0 else 1, intermediate_size=a.intermediate,
+        vocab_size=a.vocab,
+    )
+    return WarmStartConfig(
+        data_dir=a.data, out_dir=a.out, families=families, train_tasks=a.train_tasks, eval_tasks=a.eval_tasks,
+        qa_index=a.qa_index,
+        demos=DemoConfig(epsilon=a.epsilon, demos_per_task=a.demos_per_task, seed=a.seed),
+        model=model,
+        copy_init=not a.no_copy_init,
+        view_sft=None if a.view_epochs == 0 else dataclasses.replace(
+            view_d, lr=a.view_lr, epochs=a.view_epochs, batch_size=a.view_batch_size, max_length=a.max_length,
+            seed=a.seed, threads=a.threads, progress=not a.no_progress),
+        sft=dataclasses.replace(sft_d, lr=a.lr, epochs=a.epochs, batch_size=a.batch_size, max_length=a.max_length,
+                                seed=a.seed, threads=a.threads, progress=not a.no_progress),
+        eval=EvalConfig(samples=a.eval_samples, temperature=a.temperature, seed=a.seed),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_warm_start(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

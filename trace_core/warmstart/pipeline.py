@@ -1,0 +1,177 @@
+"""The warm start end to end: expert scripts -> tokenizer + random tiny Qwen3 -> demonstrations
+-> SFT in two stages -> success rate per task family.
+
+SFT stage 1 trains on turn views (each model turn with only its immediate input as context,
+:class:`~trace_core.warmstart.demos.TurnView`): cheap sequences where copying numbers and names
+is most of the signal. Stage 2 trains on the full demonstrations, the exact token sequences the
+executor produces. Both put the loss on model-written tokens only.
+
+    out/init/          the random policy and the tokenizer trained on the demonstration corpus
+    out/demos.jsonl    the rendered demonstrations (texts, token ids, loss masks)
+    out/views/         the policy after stage 1
+    out/policy/        the fine-tuned policy (save_pretrained: transformers and vLLM load it)
+    out/qa_index/      the QA retriever index, built here when none is given
+    out/report.json    sizes, SFT time and loss, corruption rates, success rates
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_core.envs.math_env import PYTHON_TOOL
+from trace_core.envs.qa_env import SEARCH_TOOL
+from trace_core.models import TinyQwen3Config
+from trace_core.rollout.agent import AgentConfig
+from trace_core.rollout.env import Task
+from trace_core.warmstart.demos import DemoConfig, build_scripts, corruption_rate, load_tasks, render_demos, write_demos
+from trace_core.warmstart.evaluate import TABLE_HEADER, EvalConfig, EvalResult, evaluate_policy
+from trace_core.warmstart.experts import Expert, MathExpert, QAExpert, Script, load_kb
+from trace_core.warmstart.policy import WARM_MODEL, build_policy, count_parameters, tokenizer_corpus
+from trace_core.warmstart.sft import SFTConfig, read_sft_log, sft
+from trace_core.warmstart.tools import PassageSearch, load_passages
+
+FAMILIES = ("math", "qa")  # task families with a scripted expert
+# Stage 1 learns the copying skills on cheap turn views (demos.TurnView), stage 2 the full format.
+VIEW_SFT = SFTConfig(lr=5e-3, epochs=5.0, batch_size=32, warmup_steps=10, share_prefix=False)
+FULL_SFT = SFTConfig(lr=3e-3, epochs=1.0, batch_size=8, warmup_steps=5)
+# The tool schemas each family's environment puts in the prompt (its tool_descriptions()).
+TOOLS: dict[str, list[dict[str, Any]]] = {"math": [PYTHON_TOOL], "qa": [SEARCH_TOOL]}
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """Everything one warm start depends on."""
+
+    data_dir: str = "data"  # output of `python -m trace_core.data.generate`
+    out_dir: str = "runs/warm"
+    families: tuple[str, ...] = FAMILIES  # task families to demonstrate and evaluate
+    train_tasks: int | None = None  # demonstrate only the first N training tasks per family (None: all)
+    eval_tasks: int = 50  # evaluate on the first N test tasks per family (0: skip evaluation)
+    qa_index: str | None = None  # retriever index for QA evaluation; None: build one under out_dir
+    demos: DemoConfig = field(default_factory=DemoConfig)
+    model: TinyQwen3Config = WARM_MODEL
+    copy_init: bool = True  # policy.copy_friendly_init on the random model
+    view_sft: SFTConfig | None = field(default_factory=lambda: VIEW_SFT)  # stage 1, on turn views; None: skip
+    sft: SFTConfig = field(default_factory=lambda: FULL_SFT)  # stage 2, on the full demonstrations
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown or not self.families:
+            raise ValueError(f"families must be a non-empty subset of {FAMILIES}, got {self.families}")
+        if self.train_tasks is not None and self.train_tasks < 1:
+            raise ValueError(f"train_tasks must be >= 1 or None, got {self.train_tasks}")
+        if self.eval_tasks < 0:
+            raise ValueError(f"eval_tasks must be >= 0, got {self.eval_tasks}")
+
+
+def make_expert(family: str, data_dir: str | Path) -> Expert:
+    """The scripted expert of a task family, with the stand-in tools over ``data_dir``."""
+    data = Path(data_dir)
+    if family == "math":
+        return MathExpert()
+    if family == "qa":
+        return QAExpert(load_kb(data / "qa" / "kb.json"), PassageSearch(load_passages(data / "qa" / "corpus.jsonl")))
+    raise ValueError(f"no scripted expert for task family {family!r}; known: {FAMILIES}")
+
+
+def env_factory(family: str, data_dir: str | Path, qa_index: str | Path):
+    """The real environment factory of a family (the QA index must exist)."""
+    from trace_core.envs.qa_env import QAEnvConfig
+    from trace_core.envs.registry import make_env_factory
+
+    if family == "qa":
+        return make_env_factory("qa", QAEnvConfig(index_dir=str(qa_index)))
+    return make_env_factory(family)
+
+
+def ensure_qa_index(data_dir: str | Path, index_dir: str | Path) -> Path:
+    """Build the QA retriever index from ``data_dir/qa/corpus.jsonl`` unless ``index_dir`` has one."""
+    from trace_core.retrieval import build_index, load_corpus
+
+    index_dir = Path(index_dir)
+    if not (index_dir / "manifest.json").is_file():
+        report = build_index(load_corpus(Path(data_dir) / "qa" / "corpus.jsonl"), index_dir, progress=False)
+        print(report.summary())
+    return index_dir
+
+
+def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
+    """Run the whole warm start (module docstring); returns the report that is also written."""
+    from transformers import AutoTokenizer
+
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = Path(config.data_dir)
+    t0 = time.perf_counter()
+    scripts: dict[str, list[Script]] = {}
+    for family in config.families:
+        tasks: list[Task] = load_tasks(data / family / "train.jsonl", config.train_tasks)
+        scripts[family] = build_scripts(make_expert(family, data), tasks, config.demos)
+    passages = load_passages(data / "qa" / "corpus.jsonl") if "qa" in config.families else []
+    corpus = tokenizer_corpus(scripts, TOOLS, config.agent, passages)
+    init_dir = build_policy(out / "init", corpus, config.model, copy_init=config.copy_init)
+    tokenizer = AutoTokenizer.from_pretrained(init_dir)
+    demos = []
+    for family in config.families:
+        demos += render_demos(tokenizer, scripts[family], TOOLS[family], config.agent, config.demos.max_tokens)
+    write_demos(out / "demos.jsonl", demos)
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    views = [v for d in demos for v in d.turn_views(im_start)]
+    prep_seconds = time.perf_counter() - t0
+    print(f"{len(demos)} demonstrations ({sum(len(d.token_ids) for d in demos)} tokens, {len(views)} turn views) "
+          f"and a {len(tokenizer)}-token tokenizer in {prep_seconds:.1f} s")
+    stages = []
+    start_dir = init_dir
+    if config.view_sft is not None:
+        start_dir = sft(init_dir, views, config.view_sft, out_dir=out / "views")
+        stages.append(("views", read_sft_log(start_dir)))
+    policy_dir = sft(start_dir, demos, config.sft, out_dir=out / "policy")
+    stages.append(("full", read_sft_log(policy_dir)))
+    report: dict[str, Any] = {
+        "config": asdict(config),
+        "tokenizer_size": len(tokenizer),
+        "parameters": count_parameters(policy_dir),
+        "demos": {f: {"count": len(s), "corrupted_step_rate": corruption_rate(s),
+                      "correct_rate": sum(x.correct for x in s) / len(s)} for f, s in scripts.items()},
+        "demo_tokens": sum(len(d.token_ids) for d in demos),
+        "prep_seconds": prep_seconds,
+        "sft": {name: {"steps": log.steps, "wall_seconds": log.wall_seconds, "cpu_seconds": log.cpu_seconds,
+                       "first_loss": log.losses[0], "last10_loss": sum(log.losses[-10:]) / len(log.losses[-10:]),
+                       "processed_tokens": log.processed_tokens, "target_tokens": log.target_tokens}
+                for name, log in stages},
+        "policy_dir": str(policy_dir),
+        "eval": {},
+    }
+    for name, log in stages:
+        print(f"SFT {name}: {log.steps} steps in {log.wall_seconds:.1f} s wall / {log.cpu_seconds:.1f} s CPU, "
+              f"loss {log.losses[0]:.3f} -> {report['sft'][name]['last10_loss']:.3f} (mean of the last 10 steps)")
+    total = sum(log.wall_seconds for _, log in stages), sum(log.cpu_seconds for _, log in stages)
+    report["sft_total"] = {"wall_seconds": total[0], "cpu_seconds": total[1]}
+    if config.eval_tasks:
+        results = evaluate_families(config, policy_dir)
+        report["eval"] = {r.family: asdict(r) for r in results}
+        print(TABLE_HEADER)
+        for r in results:
+            print(r.row())
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return report
+
+
+def evaluate_families(config: WarmStartConfig, policy_dir: str | Path) -> list[EvalResult]:
+    """Success rate per family on the first ``config.eval_tasks`` test tasks, with the real environments."""
+    data = Path(config.data_dir)
+    results = []
+    for family in config.families:
+        index = None
+        if family == "qa":
+            index = ensure_qa_index(data, config.qa_index or Path(config.out_dir) / "qa_index")
+        tasks = load_tasks(data / family / "test.jsonl", config.eval_tasks)
+        results.append(evaluate_policy(policy_dir, family, tasks, env_factory(family, data, index),
+                                       config.agent, config.eval))
+    return results
