@@ -55,11 +55,8 @@ test: $(STAMP) data/MANIFEST.json  ## ruff, then every test (the command CI runs
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -ra --timeout=900 tests
 
-run: $(STAMP)  ## the main job
-	@echo "==> main job: the Kubeflow pipeline does not exist yet, so this runs the simulator benchmark"
-	@echo "    (bench/contrast.py: GRPO/PCL/TreePO/TRACE at equal budget) and the allocation benchmark."
-	$(BIN)/python bench/allocation.py
-	$(BIN)/python bench/contrast.py
+run: $(STAMP)  ## the main job: the Kubeflow pipeline on this machine (kfp.local); a second run reuses what is up to date
+	$(BIN)/python -m pipelines run --local
 
 bench-allocation: $(STAMP)  ## allocators vs the DP / brute force
 	$(BIN)/python bench/allocation.py

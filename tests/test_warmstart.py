@@ -127,7 +127,8 @@ def test_copy_friendly_init(policy_dir) -> None:
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()  # ... not tied
     d = model.config.head_dim
     for layer in model.model.layers:
-        ov = layer.self_attn.o_proj.weight[:, :d] @ layer.self_attn.v_proj.weight[:d]  # first head's OV circuit
+        with torch.no_grad():
+            ov = layer.self_attn.o_proj.weight[:, :d] @ layer.self_attn.v_proj.weight[:d]  # first head's OV circuit
         assert torch.allclose(ov @ ov, ov, atol=1e-5) and abs(float(torch.trace(ov)) - d) < 1e-3  # a rank-d projection
 
 

@@ -1,0 +1,3 @@
+"""The trace-rl Kubeflow pipeline: configuration (config.py), the DAG (dag.py), Kubernetes
+placement (platform.py), the multi-node PyTorchJob (pytorchjob.py), the local runner (local.py),
+DVC stages (stages.py) and the command line (``python -m pipelines --help``)."""

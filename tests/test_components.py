@@ -1,0 +1,152 @@
+"""Components and their library helpers: lineage and reuse, prepare_data failing the run on bad
+data. (The registry's promotion rule is tested in test_pipeline.py, next to its MLflow server.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from trace_core.lineage import LINEAGE_KEYS, StageCache, config_hash, fingerprint, lineage_tags, tree_digest
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # components/ and pipelines/ live at the repository root
+    sys.path.insert(0, str(REPO))
+
+
+# --------------------------------------------------------------------------------------- lineage
+def test_fingerprints_are_deterministic_and_sensitive() -> None:
+    a = fingerprint("train", {"lr": 1e-4, "steps": 3}, "fp-data")
+    assert a == fingerprint("train", {"steps": 3, "lr": 1e-4}, "fp-data")  # key order does not matter
+    assert a != fingerprint("train", {"lr": 1e-4, "steps": 4}, "fp-data")
+    assert a != fingerprint("evaluate", {"lr": 1e-4, "steps": 3}, "fp-data")
+    assert config_hash({"a": [1, 2]}) != config_hash({"a": [2, 1]})
+    with pytest.raises(ValueError, match="stage"):
+        fingerprint("")
+
+
+def test_tree_digest_follows_content_and_names(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.txt").write_text("one")
+    first = tree_digest(tmp_path / "d")
+    (tmp_path / "d" / "x.txt").write_text("two")
+    assert tree_digest(tmp_path / "d") != first
+    (tmp_path / "d" / "x.txt").write_text("one")
+    assert tree_digest(tmp_path / "d") == first
+    (tmp_path / "d" / "x.txt").rename(tmp_path / "d" / "y.txt")
+    assert tree_digest(tmp_path / "d") != first
+    with pytest.raises(ValueError, match="does not exist"):
+        tree_digest(tmp_path / "missing")
+
+
+def test_code_digest_follows_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trace_core.lineage import code_digest
+
+    pkg = tmp_path / "digestpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = code_digest("digestpkg")
+    (pkg / "core.py").write_text("X = 2\n")
+    assert code_digest("digestpkg") != first
+    (pkg / "core.py").write_text("X = 1\n")
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "core.cpython-311.pyc").write_bytes(b"compiled")  # not source: ignored
+    assert code_digest("digestpkg") == first
+    with pytest.raises(ValueError, match="not found"):
+        code_digest("no_such_module_here")
+
+
+def test_stage_cache_reuses_only_complete_entries(tmp_path: Path) -> None:
+    cache = StageCache(tmp_path)
+    assert cache.lookup("train-trace", "abc") is None
+    work = cache.start("train-trace", "abc")
+    (work / "policy").mkdir()
+    assert cache.lookup("train-trace", "abc") is None  # not committed: a crash here is redone
+    record = cache.commit("train-trace", "abc", {"run_id": "r1"})
+    assert cache.lookup("train-trace", "abc") == record == {"run_id": "r1", "stage": "train-trace",
+                                                            "fingerprint": "abc"}
+    assert StageCache(tmp_path, enabled=False).lookup("train-trace", "abc") is None
+    resumed = cache.start("train-trace", "zzz")
+    (resumed / "checkpoint").write_text("step 2")
+    assert (cache.start("train-trace", "zzz", resume=True) / "checkpoint").read_text() == "step 2"
+    assert not (cache.start("train-trace", "zzz") / "checkpoint").exists()
+    cache.commit("train-trace", "abc", {"run_id": "r1"})
+    assert not (cache.start("train-trace", "abc", resume=True) / "policy").exists()  # finished: start over
+    with pytest.raises(ValueError, match="without '/'"):
+        cache.entry("a/b", "abc")
+
+
+def test_lineage_tags_name_all_five(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACE_RL_GIT_SHA", "0123abc")
+    monkeypatch.setenv("TRACE_RL_IMAGE", "registry.example.com/trace-rl/trace-rl-cpu:0.1.0")
+    tags = lineage_tags(dvc_data_hash="fb3b.dir", kfp_run_id="run-7", config={"x": 1})
+    assert set(tags) == set(LINEAGE_KEYS)
+    assert tags["lineage.git_sha"] == "0123abc"
+    assert tags["lineage.image"].endswith("trace-rl-cpu:0.1.0")
+    assert tags["lineage.dvc_data_hash"] == "fb3b.dir" and tags["lineage.kfp_run_id"] == "run-7"
+    assert tags["lineage.config_hash"] == config_hash({"x": 1})
+    monkeypatch.delenv("TRACE_RL_GIT_SHA")
+    monkeypatch.delenv("TRACE_RL_IMAGE")
+    local = lineage_tags(dvc_data_hash="", kfp_run_id="", config={}, repo=REPO)
+    assert local["lineage.image"] == "local" and len(local["lineage.git_sha"].split("-")[0]) == 40
+
+
+# --------------------------------------------------------------------------------------- prepare_data
+def _prepare(tmp_path: Path, data_config: dict, uri: str, name: str):
+    from kfp import dsl
+
+    from components.prepare_data import prepare_data
+
+    out = dsl.Dataset(name="data", uri=str(tmp_path / name / "data"))
+    version = prepare_data.python_func(
+        data_config=json.dumps(data_config), workspace=str(tmp_path / "ws"), reuse=True, tracking_uri=uri,
+        experiment="prepare-test", kfp_run_id="test", data=out)
+    return version, out
+
+
+@pytest.fixture(scope="module")
+def embedded_data(tmp_path_factory) -> Path:
+    from trace_core.data.generate import generate
+
+    out = tmp_path_factory.mktemp("embedded") / "data"
+    generate(out)
+    return out
+
+
+def test_prepare_data_validates_and_records_the_dvc_version(embedded_data, tmp_path: Path) -> None:
+    from trace_core.data.generate import dvc_recorded_md5
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = {"source": "regenerate", "data_dir": str(tmp_path / "unused"), "dvc_file": str(REPO / "data.dvc")}
+    version, out = _prepare(tmp_path, cfg, uri, "a")
+    assert version == dvc_recorded_md5(REPO / "data.dvc") == out.metadata["dvc_md5"]
+    assert (Path(out.path) / "math" / "train.jsonl").is_file() and out.metadata["files"] == 7
+    again, out2 = _prepare(tmp_path, cfg, uri, "b")  # reused: same version, same MLflow run
+    assert again == version and out2.metadata["run_id"] == out.metadata["run_id"]
+    assert out2.metadata["fingerprint"] == out.metadata["fingerprint"]
+
+
+def test_prepare_data_fails_the_run_on_invalid_data(embedded_data, tmp_path: Path) -> None:
+    from trace_core.data.validation import DataValidationError
+
+    bad = tmp_path / "bad"
+    shutil.copytree(embedded_data, bad)
+    lines = (bad / "math" / "train.jsonl").read_text().splitlines()
+    row = json.loads(lines[3])
+    row["answers"] = []  # a math example without an answer breaks the suite
+    lines[3] = json.dumps(row)
+    (bad / "math" / "train.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = {"source": "path", "data_dir": str(bad), "dvc_file": str(REPO / "data.dvc")}
+    with pytest.raises(DataValidationError, match="math/train.jsonl") as err:
+        _prepare(tmp_path, cfg, f"sqlite:///{tmp_path / 'mlflow.db'}", "bad")
+    assert row["id"] in err.value.bad_ids
+    wrong = tmp_path / "wrong.dvc"
+    wrong.write_text("outs:\n- md5: 00000000000000000000000000000000.dir\n  path: data\n")
+    with pytest.raises(ValueError, match="records 00000000000000000000000000000000.dir"):
+        _prepare(tmp_path, {"source": "regenerate", "data_dir": "x", "dvc_file": str(wrong)},
+                 f"sqlite:///{tmp_path / 'mlflow.db'}", "wrong")

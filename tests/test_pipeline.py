@@ -1,0 +1,384 @@
+"""The Kubeflow pipeline: the compiled YAML (components, edges, resources, secrets), the multi-node
+PyTorchJob against its schema, params.yaml against the config, the model registry's promotion
+rule, a miniature local run (kfp.local) into a real MLflow server (reuse on a second run: the main
+command's measurement and test_components' prepare_data test), the MLflow UI's compare view in
+Debian's chromium, and `dvc repro` with miniature parameters in a temporary clone."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # components/ and pipelines/ live at the repository root
+    sys.path.insert(0, str(REPO))
+
+from pipelines.config import PipelineConfig  # noqa: E402
+
+COMPONENTS = {"prepare-data", "build-retriever-index", "warm-start", "train", "evaluate", "profile", "register",
+              "compare"}
+# Small enough for a test, large enough to exercise every path: both methods train one step and
+# are evaluated on a few examples; the transformers engine (no vLLM start-up).
+MINIATURE = [
+    "warm_start.train_tasks=12", "warm_start.epochs=1", "warm_start.batch_size=6",
+    "train.steps=1", "train.engine.kind=hf", "train.budget.roots_M=4", "train.budget.expansion_N=1",
+    "train.budget.group_size_G=2", "train.budget.max_per_prompt=4", "train.budget.pool_factor=1",
+    "train.agent.max_new_tokens=16", "train.policy.micro_batches=1",
+    "evaluate.max_examples=3", "evaluate.samples=2",
+]
+
+
+def compiled(tmp_path: Path, *overrides: str) -> tuple[dict, dict]:
+    from pipelines.__main__ import main
+
+    out = tmp_path / "pipeline.yaml"
+    assert main(["compile", "-o", str(out), *overrides]) == 0
+    spec, platform = list(yaml.safe_load_all(out.read_text()))
+    return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def all_tasks(spec: dict) -> dict[str, dict]:
+    tasks = dict(spec["root"]["dag"]["tasks"])
+    for comp in spec["components"].values():
+        tasks.update(comp.get("dag", {}).get("tasks", {}))
+    return tasks
+
+
+def producers(task: dict) -> set[str]:
+    """Upstream tasks of a task's artifact inputs (through a loop's inputs: the parent DAG's channel)."""
+    out = set()
+    for art in task.get("inputs", {}).get("artifacts", {}).values():
+        if "taskOutputArtifact" in art:
+            out.add(art["taskOutputArtifact"]["producerTask"])
+        elif "componentInputArtifact" in art:
+            out.add(art["componentInputArtifact"].split("--", 1)[1].rsplit("-", 1)[0])
+    return out
+
+
+# ------------------------------------------------------------------------------------ compiled YAML
+def test_compiled_pipeline_has_every_component_edge_resource_and_secret(tmp_path: Path) -> None:
+    from components import IMAGES
+
+    spec, executors = compiled(tmp_path)
+    tasks = all_tasks(spec)
+    assert COMPONENTS <= set(tasks)
+    assert {f"exec-{c}" for c in COMPONENTS} == set(spec["deploymentSpec"]["executors"])
+    # Edges: the DAG prepare -> index -> warm start -> (train -> evaluate -> profile, register) -> compare.
+    assert producers(tasks["build-retriever-index"]) == {"prepare-data"}
+    assert producers(tasks["warm-start"]) == {"prepare-data", "build-retriever-index"}
+    assert producers(tasks["train"]) == {"prepare-data", "build-retriever-index", "warm-start"}
+    assert producers(tasks["evaluate"]) == {"train", "prepare-data", "build-retriever-index"}
+    assert producers(tasks["profile"]) == {"train", "evaluate"}
+    assert producers(tasks["register"]) == {"train", "evaluate"}
+    assert tasks["compare"]["dependentTasks"] == ["for-loop-1"]
+    assert tasks["compare"]["inputs"]["artifacts"]["reports"]["taskOutputArtifact"]["producerTask"] == "for-loop-1"
+    loop = spec["root"]["dag"]["tasks"]["for-loop-1"]
+    assert loop["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--methods"
+    assert "register_method" in tasks["condition-2"]["triggerPolicy"]["condition"]
+    defaults = spec["root"]["inputDefinitions"]["parameters"]
+    assert defaults["methods"]["defaultValue"] == ["grpo", "trace"]
+    assert json.loads(defaults["train_config"]["defaultValue"])["budget"]["roots_M"] == 8
+    assert defaults["mlflow_uri"]["defaultValue"] == "http://mlflow:5000"  # compile targets the cluster
+    assert defaults["workspace"]["defaultValue"] == "/workspace"
+    # Resources and images: GPU steps on the CUDA image, the rest on the CPU image (pinned in infra/).
+    containers = {k[len("exec-"):]: v["container"] for k, v in spec["deploymentSpec"]["executors"].items()}
+    for name in ("train", "evaluate"):
+        assert containers[name]["image"] == IMAGES["trace-rl-cuda"]
+        assert containers[name]["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
+        assert containers[name]["resources"]["resourceCpuRequest"] == "8"
+        assert containers[name]["resources"]["resourceMemoryLimit"] == "64Gi"
+    assert containers["train"]["resources"]["accelerator"]["resourceCount"] == "1"
+    for name in COMPONENTS - {"train", "evaluate"}:
+        assert containers[name]["image"] == IMAGES["trace-rl-cpu"]
+        assert "accelerator" not in containers[name]["resources"]
+    # kfp-kubernetes: volumes, secrets, ConfigMap, placement.
+    for name in COMPONENTS:
+        k8s = executors[f"exec-{name}"]
+        assert {m["mountPath"]: m["constant"] for m in k8s["pvcMount"]}["/workspace"] == "trace-rl-checkpoints"
+        mlflow = {s["secretName"]: s for s in k8s["secretAsEnv"]}["mlflow-client"]
+        assert mlflow["optional"] is True
+        assert k8s["configMapAsEnv"][0]["configMapName"] == "trace-rl-pipeline-defaults"
+    prepare = executors["exec-prepare-data"]
+    dvc = {s["secretName"]: s for s in prepare["secretAsEnv"]}["dvc-remote"]
+    assert {e["envVar"] for e in dvc["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    assert {m["mountPath"]: m["constant"] for m in prepare["pvcMount"]}["/data"] == "trace-rl-datasets"
+    for name in ("train", "evaluate"):
+        k8s = executors[f"exec-{name}"]
+        assert k8s["nodeSelector"]["labels"] == {"nvidia.com/gpu.present": "true"}
+        assert k8s["tolerations"] == [{"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert "nodeSelector" not in executors["exec-prepare-data"]
+    # The registry's state is not an input: KFP must not cache the steps that read it.
+    assert not tasks["warm-start"].get("cachingOptions", {}).get("enableCache", False)
+    assert not tasks["register"].get("cachingOptions", {}).get("enableCache", False)
+    assert tasks["train"]["cachingOptions"]["enableCache"] is True
+
+
+def test_multi_node_training_compiles_to_a_launcher_step(tmp_path: Path) -> None:
+    spec, executors = compiled(tmp_path, "platform.train_nodes=3", "platform.train_gpus=8")
+    train = spec["deploymentSpec"]["executors"]["exec-train"]["container"]
+    assert "accelerator" not in train["resources"]  # the PyTorchJob's pods hold the GPUs
+    assert {e["name"] for e in train.get("env", [])} >= {"TRACE_RL_TRAIN_IMAGE"}
+    spec, _ = compiled(tmp_path, "platform.train_gpus=0")
+    train = spec["deploymentSpec"]["executors"]["exec-train"]["container"]
+    assert "accelerator" not in train["resources"] and train["image"].endswith("-cpu")
+
+
+def test_pytorchjob_manifest_validates_against_the_training_operator_schema(tmp_path: Path) -> None:
+    from pipelines.__main__ import main
+    from pipelines.pytorchjob import pytorchjob_manifest, schema_errors
+
+    path = tmp_path / "pytorchjob.yaml"
+    assert main(["compile", "-o", str(tmp_path / "p.yaml"), "--pytorchjob", str(path), "platform.train_nodes=4",
+                 "platform.train_gpus=8"]) == 0
+    job = yaml.safe_load(path.read_text())
+    assert schema_errors(job) == []
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "--nnodes=4" in pod["containers"][0]["command"][-1]
+    broken = json.loads(json.dumps(job))
+    broken["spec"]["runPolicy"]["cleanPodPolicy"] = "Sometimes"  # not a CleanPodPolicy
+    broken["spec"]["pytorchReplicaSpecs"]["Chief"] = broken["spec"]["pytorchReplicaSpecs"].pop("Worker")
+    del broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"]
+    broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["gpus"] = 8
+    errors = "\n".join(schema_errors(broken))
+    assert "cleanPodPolicy" in errors and "'Chief' is not one of" in errors and "'gpus' was unexpected" in errors
+    with pytest.raises(ValueError, match="nodes must be >= 2"):
+        pytorchjob_manifest("x", "img:1", "/workspace/c.yaml", 1, 1)
+    with pytest.raises(ValueError, match="shared volume"):
+        pytorchjob_manifest("x", "img:1", "/tmp/c.yaml", 2, 1)
+
+
+# ------------------------------------------------------------------------------------ config files
+def test_params_yaml_is_the_config_written_out() -> None:
+    from pipelines.__main__ import params_text
+    from trace_core.config import from_dict, to_dict
+    from trace_core.training.config import TrainConfig
+
+    text = (REPO / "params.yaml").read_text()
+    assert text == params_text(PipelineConfig()), "params.yaml is stale: run `python -m pipelines params`"
+    params = yaml.safe_load(text)
+    assert "/" not in str(params["train"]["task"]["envs"]["math"]["sandbox"].get("python", ""))  # no local paths
+    from trace_core.config import load_config
+
+    loaded = load_config(PipelineConfig, REPO / "params.yaml")  # strict: every key is a field
+    assert to_dict(loaded) == to_dict(PipelineConfig())
+    assert to_dict(loaded.train) == to_dict(from_dict(TrainConfig, to_dict(loaded.train)))
+
+
+def test_dvc_yaml_mirrors_the_dag_and_the_params() -> None:
+    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    stages = dvc["stages"]
+    assert list(stages) == ["prepare_data", "build_retriever_index", "warm_start", "train", "evaluate", "profile",
+                            "compare"]
+    for name in ("train", "evaluate", "profile"):
+        assert stages[name]["foreach"] == "${methods}"
+    assert "runs/dvc/profile" in stages["compare"]["deps"]  # every method's profile@<method> output
+    for name in ("evaluate", "profile"):
+        assert any("${item}" in d for d in stages[name]["do"]["deps"])
+    for stage in stages.values():
+        body = stage.get("do", stage)
+        for p in body.get("params", []):
+            node = params
+            for part in p.split("."):
+                node = node[part]  # every declared param exists
+        assert body["cmd"].startswith("python -m pipelines stage ")
+    assert "runs/dvc/compare/metrics.json" in str(stages["compare"]["metrics"])
+    assert "runs/dvc/compare/effective_ratio.csv" in str(stages["compare"]["plots"])
+    config = (REPO / ".dvc" / "config").read_text()
+    assert "remote = local" in config and "../.dvc-remote" in config
+    assert "/.dvc-remote/" in (REPO / ".gitignore").read_text()
+
+
+def test_every_entry_point_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines.__main__ import main
+
+    for command in ("compile", "run", "submit", "schedule", "params", "stage"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0
+        assert f"python -m pipelines {command}" in capsys.readouterr().out
+
+
+def test_bad_settings_are_refused() -> None:
+    from trace_core.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="not in the registry"):
+        load_config(PipelineConfig, None, ["methods=[grpo,nope]"])
+    with pytest.raises(ConfigError, match="registry.method"):
+        load_config(PipelineConfig, None, ["methods=[grpo]"])
+    with pytest.raises(ConfigError, match="warm_start.families"):
+        load_config(PipelineConfig, None, ["train.task.family=math"])
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(PipelineConfig, None, ["train.stepz=3"])
+
+
+# ------------------------------------------------------------------------------------ registry
+def _policy(path: Path, marker: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"marker": marker}))
+    return path
+
+
+def _run(uri: str, name: str, tmp_path: Path) -> str:
+    from trace_core.tracking import MLflowTracker, TrackingConfig
+
+    tracker = MLflowTracker(TrackingConfig(tracking_uri=uri, experiment="registry-test", run_name=name,
+                                           spool_dir=str(tmp_path / f"spool-{name}")))
+    tracker.log_metrics({"eval/score": 0.0}, step=0)
+    tracker.close()
+    return tracker.run_id
+
+
+def test_a_worse_retrain_is_registered_but_not_promoted(server, tmp_path: Path) -> None:
+    from trace_core.registry_mlflow import champion, download_policy, register_policy, starting_point
+
+    name = "policy-registry-test"
+    assert champion(server.uri, name) is None and starting_point(server.uri, name) is None
+    first = register_policy(server.uri, name, _run(server.uri, "first", tmp_path), _policy(tmp_path / "p1", "first"),
+                            score=0.5, metric="pass_at_1", fingerprint="fp-1")
+    assert first.promoted and first.version == "1" and first.champion_score is None
+    worse = register_policy(server.uri, name, _run(server.uri, "worse", tmp_path), _policy(tmp_path / "p2", "worse"),
+                            score=0.25, metric="pass_at_1", fingerprint="fp-2")
+    assert worse.version == "2" and not worse.promoted and worse.champion_score == 0.5
+    best = champion(server.uri, name)
+    assert best.version == "1" and best.tags["promoted"] == "true"
+    again = register_policy(server.uri, name, worse.run_id, tmp_path / "p2", score=0.25, metric="pass_at_1",
+                            fingerprint="fp-2")
+    assert again.reused and again.version == "2" and not again.promoted  # the same result: nothing new
+    tie = register_policy(server.uri, name, _run(server.uri, "tie", tmp_path), _policy(tmp_path / "p3", "tie"),
+                          score=0.5, metric="pass_at_1", fingerprint="fp-3")
+    assert not tie.promoted  # a tie keeps the champion
+    better = register_policy(server.uri, name, _run(server.uri, "better", tmp_path),
+                             _policy(tmp_path / "p4", "better"), score=0.75, metric="pass_at_1", fingerprint="fp-4")
+    assert better.promoted and champion(server.uri, name).version == better.version == "4"
+    start = starting_point(server.uri, name)  # a recurring retrain starts from the champion
+    got = download_policy(server.uri, start, tmp_path / "download")
+    assert json.loads((got / "config.json").read_text()) == {"marker": "better"}
+    with pytest.raises(ValueError, match="finite"):
+        register_policy(server.uri, name, better.run_id, tmp_path / "p4", score=float("nan"), metric="m",
+                        fingerprint="x")
+    with pytest.raises(ValueError, match="config.json"):
+        register_policy(server.uri, name, better.run_id, tmp_path, score=0.1, metric="m", fingerprint="y")
+
+
+# ------------------------------------------------------------------------------------ local run
+@pytest.fixture(scope="module")
+def local_run(server, tmp_path_factory):
+    """The whole DAG on kfp.local with miniature settings, logging to a real MLflow server."""
+    from pipelines.local import run_local
+    from trace_core.config import load_config
+
+    workspace = tmp_path_factory.mktemp("pipeline")
+    cfg = load_config(PipelineConfig, None, [*MINIATURE, f"workspace={workspace}",
+                                             f"train.tracking.tracking_uri={server.uri}"])
+    return cfg, run_local(cfg, echo=False)
+
+
+def test_miniature_local_pipeline_runs_end_to_end(local_run, server) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from trace_core.lineage import LINEAGE_KEYS
+    from trace_core.registry_mlflow import champion
+
+    cfg, first = local_run
+    assert set(first.training_runs) == {"grpo", "trace"}
+    assert "| grpo |" in first.table and "| trace |" in first.table and "### Evaluation" in first.table
+    client = MlflowClient(server.uri)
+    for method, run_id in first.training_runs.items():
+        run = client.get_run(run_id)
+        assert run.data.tags["method"] == method and run.info.status == "FINISHED"
+        assert "effective_ratio" in run.data.metrics and "eval/score" in run.data.metrics
+        assert "profile/rollout_share" in run.data.metrics
+        assert set(LINEAGE_KEYS) <= set(run.data.tags), run.data.tags
+        assert run.data.tags["lineage.dvc_data_hash"].endswith(".dir")
+        kfp_run = run.data.tags["lineage.kfp_run_id"]
+        assert kfp_run not in ("", "none") and "{{" not in kfp_run  # the placeholder was resolved
+    steps = client.search_runs([first.experiment_id], filter_string="tags.`pipeline.step` = 'prepare_data'")
+    assert steps and set(LINEAGE_KEYS) <= set(steps[0].data.tags)
+    best = champion(server.uri, cfg.registry.model_name)
+    assert best is not None and best.run_id == first.training_runs["trace"]
+    train_runs = client.search_runs([first.experiment_id], filter_string="tags.`pipeline.step` = 'train'")
+    assert len(train_runs) == 2
+
+
+def test_mlflow_ui_compare_view_shows_both_runs_and_their_effective_ratio(local_run, server) -> None:
+    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
+        pytest.skip("Debian's chromium and chromium-driver are not installed (apt-get install -y chromium "
+                    "chromium-driver)")
+    pytest.importorskip("selenium", reason="the selenium package is not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from pipelines.local import compare_url
+
+    _, first = local_run
+    runs = [first.training_runs["grpo"], first.training_runs["trace"]]
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1600,1200"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    try:
+        driver.set_page_load_timeout(120)
+        driver.get(compare_url(first.experiment_id, runs, server.uri))
+
+        def page_shows_everything(d) -> bool:
+            text = d.find_element("tag name", "body").text
+            return "effective_ratio" in text and "grpo" in text and "trace" in text
+
+        WebDriverWait(driver, 120, poll_frequency=1).until(page_shows_everything)
+        text = driver.find_element("tag name", "body").text
+    finally:
+        driver.quit()
+    # The compare view lists both runs by name and the metric in its table.
+    assert "grpo" in text and "trace" in text and "effective_ratio" in text
+
+
+# ------------------------------------------------------------------------------------ DVC
+def test_dvc_repro_in_a_fresh_clone_then_nothing_to_do(tmp_path: Path) -> None:
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    # The working tree's pipeline files may be newer than the last commit: bring them over.
+    for rel in ("dvc.yaml", "params.yaml", ".dvc/config", ".gitignore", "data.dvc", "components", "pipelines",
+                "trace_core", "infra/images", "infra/build_images.py", "infra/training-operator"):
+        src, dst = REPO / rel, clone / rel
+        if src.is_dir():
+            shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
+           "PYTHONPATH": str(clone)}
+    # One method keeps it short; the local-run test covers two.
+    miniature = [*MINIATURE, "methods=[trace]", "train.tracking.tracking_uri=sqlite:///runs/mlflow.db"]
+    subprocess.run([sys.executable, "-m", "pipelines", "params", *miniature], cwd=clone, env=env, check=True,
+                   capture_output=True, timeout=120)
+
+    def dvc(*args: str, timeout: int = 900) -> str:
+        out = subprocess.run(["dvc", *args], cwd=clone, env=env, capture_output=True, text=True, timeout=timeout)
+        assert out.returncode == 0, f"dvc {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        return out.stdout
+
+    first = dvc("repro")
+    for stage in ("prepare_data", "build_retriever_index", "warm_start", "train@trace", "evaluate@trace",
+                  "profile@trace", "compare"):
+        assert f"Running stage '{stage}'" in first, stage
+    second = dvc("repro")
+    assert "Running stage" not in second and "didn't change, skipping" in second
+    metrics = json.loads(dvc("metrics", "show", "--json"))
+    shown = json.dumps(metrics)
+    assert "effective_ratio" in shown and "eval_score" in shown
+    plots = dvc("plots", "show", "--json")
+    assert "effective_ratio.csv" in plots
+    assert (clone / "runs/dvc/compare/table.md").read_text().count("| trace |") == 2  # training + evaluation
