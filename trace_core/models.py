@@ -149,6 +149,10 @@ class TinyQwen3Config:
     init_std: float = 0.1  # weight init std; larger than Qwen's 0.02 so a random model is not near-uniform
     dtype: str = "float32"  # dtype the weights are saved in ("float32" or "bfloat16")
     vocab_pad_multiple: int = 64  # the embedding rows are padded to a multiple of this (as Qwen pads)
+    # Pre-tokenize words on their own (no leading space or quote attached), so that a name is the same
+    # token ids wherever it appears: after a space in a question, after `"` in a JSON argument, at
+    # the start of a passage. A tiny policy can then copy names by attention alone.
+    isolate_words: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -167,14 +171,19 @@ class TinyQwen3Config:
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
 
 
-def train_tokenizer(corpus: Sequence[str] | None = None, vocab_size: int = 2048):
+def train_tokenizer(corpus: Sequence[str] | None = None, vocab_size: int = 2048, isolate_words: bool = False):
     """Train a byte-level BPE on ``corpus`` (default: :func:`builtin_corpus`) and wrap it for transformers.
 
     Returns a ``PreTrainedTokenizerFast`` with the ChatML template, ``eos_token="<|im_end|>"`` and
     ``pad_token="<|endoftext|>"`` (Qwen3's instruct convention). The BPE vocabulary comes first
     (the 256 byte symbols, then merges); the specials and markers follow it, as in Qwen.
+
+    ``isolate_words``: split runs of letters and single digits from everything around them before
+    byte-level BPE (GPT-2's regex glues a leading space or punctuation mark to a word, so
+    ``" Kaivin"`` and ``'"Kaivin'`` would be different tokens); spaces and punctuation between
+    words still merge among themselves (``'": "'``).
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     texts = list(builtin_corpus() if corpus is None else corpus)
@@ -185,7 +194,13 @@ def train_tokenizer(corpus: Sequence[str] | None = None, vocab_size: int = 2048)
         raise ValueError(f"vocab_size must be >= {256 + n_added} (bytes + markers), got {vocab_size}")
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if isolate_words:
+        bpe.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"\p{L}+|\p{N}"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - n_added,
@@ -226,7 +241,7 @@ def build_tiny_qwen3(out_dir: str | Path, config: TinyQwen3Config = TinyQwen3Con
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(corpus, config.vocab_size)
+    tok = train_tokenizer(corpus, config.vocab_size, isolate_words=config.isolate_words)
     n_tokens = len(tok)
     padded_vocab = -(-n_tokens // config.vocab_pad_multiple) * config.vocab_pad_multiple
     im_end, eot = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])

@@ -40,6 +40,7 @@ WARM_MODEL = TinyQwen3Config(
     intermediate_size=384,
     max_position_embeddings=4096,
     init_std=0.02,
+    isolate_words=True,  # a name is the same tokens in the question, the query and the passages
 )
 
 _DIGIT_PAIR = re.compile(r"(?<=\d)(?=\d)")
