@@ -52,18 +52,24 @@ def run_one(method: str, seed: int, args, engine, eval_cfg) -> dict:
         return float(np.mean([b.metrics[res.primary_metric] for b in res.benchmarks.values()]))
 
     curve.append((0, held_out()))
-    eff, yld = [], []
+    eff, yld, spearman, reward = [], [], [], []
     for step in range(cfg.steps):
         metrics = trainer.train_step()
         trainer.profiler.end_step()
         eff.append(metrics["effective_ratio"])
         yld.append(metrics["contrastive_yield"])
+        reward.append(metrics.get("reward/mean", float("nan")))
+        # Out-of-sample predictor Spearman on these real trees (NaN when a step had no spread).
+        spearman.append((metrics.get("predictor/oos_spearman_root", float("nan")),
+                         metrics.get("predictor/oos_spearman_prefix", float("nan"))))
         if (step + 1) % args.eval_every == 0 or step + 1 == cfg.steps:
             engine.load_weights(trainer.policy.full_state_dict())
             curve.append(((step + 1) * per_step, held_out()))
     trainer.tracker.close()
     return {"method": method, "seed": seed, "effective_ratio": eff, "contrastive_yield": yld,
-            "accuracy_curve": curve, "rollouts_per_step": per_step}
+            "reward": reward, "predictor_spearman": spearman, "accuracy_curve": curve,
+            "rollouts_per_step": per_step, "cost_fractions": trainer.profiler.fractions(),
+            "cost_table": trainer.profiler.table()}
 
 
 def rollouts_to_reach(curve: list[tuple[int, float]], target: float) -> float:
@@ -139,6 +145,13 @@ def main() -> None:
     }
     for name, ok in targets.items():
         print(f"  {'PASS' if ok else 'MISS'}  {name}")
+    for m in methods:
+        sp = np.array([x for r in runs if r["method"] == m for x in r["predictor_spearman"]], dtype=float)
+        if sp.size and np.isfinite(sp).any():
+            print(f"  {m}: predictor out-of-sample Spearman on real trees, mean over steps: "
+                  f"roots {np.nanmean(sp[:, 0]):.3f}, prefixes {np.nanmean(sp[:, 1]):.3f}")
+    trace_run = next(r for r in runs if r["method"] == "trace")
+    print(f"\nCost breakdown (trace, seed {trace_run['seed']}):\n{trace_run['cost_table']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": "python bench/train_compare.py" + (" --quick" if args.quick else ""),
                                     "rows": rows, "runs": runs, "targets": targets,

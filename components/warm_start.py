@@ -81,7 +81,7 @@ def warm_start(
                 sft=replace(base.sft, seed=cfg["seed"], progress=False,
                             **given(lr=cfg["lr"], epochs=cfg["epochs"], batch_size=cfg["batch_size"])),
                 eval=replace(base.eval, seed=cfg["seed"]),
-                agent=from_dict(AgentConfig, agent), **extra,
+                agent=from_dict(AgentConfig, agent), **given(synthetic_kbs=cfg.get("synthetic_kbs")), **extra,
             )
             report = run_warm_start(ws)
             tracker.log_params({"origin": origin, **{f"warm_start.{k}": v for k, v in cfg.items()}})

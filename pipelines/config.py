@@ -75,6 +75,7 @@ class WarmStartStepConfig:
     lr: float | None = None  # SFT peak learning rate
     batch_size: int | None = None  # demonstrations per SFT step
     eval_tasks: int = 0  # warm-start self-evaluation per family (0: the evaluate step measures instead)
+    synthetic_kbs: int | None = None  # QA demonstrations over this many other generated KBs (copying, not recall)
     seed: int = 0  # seeds demonstrations, weights and SFT order
 
     def __post_init__(self) -> None:

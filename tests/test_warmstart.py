@@ -263,3 +263,27 @@ def test_cli_parses_into_a_typed_config() -> None:
     assert (config.model.hidden_size, config.model.num_hidden_layers, config.model.num_key_value_heads) == (96, 2, 1)
     with pytest.raises(ValueError, match="families"):
         parse_args(["--tasks", "math,chess"])
+
+
+def test_tied_sft_trains_one_embedding_and_saves_it_untied(policy_dir, demos, tmp_path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = sft(policy_dir, demos["qa"][:4], SFTConfig(lr=1e-2, epochs=1, batch_size=4, warmup_steps=1,
+                                                     progress=False, tie_embeddings=True), out_dir=tmp_path / "tied")
+    before = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+    assert embed.data_ptr() != head.data_ptr() and not model.config.tie_word_embeddings  # saved untied ...
+    assert torch.equal(embed, head)  # ... with equal rows, trained as one
+    assert not torch.equal(embed, before.model.embed_tokens.weight)  # and it did train
+
+
+def test_synthetic_knowledge_bases_give_new_names_and_valid_scripts() -> None:
+    from trace_core.warmstart.pipeline import synthetic_qa_scripts
+
+    scripts, passages = synthetic_qa_scripts(2, 5, DemoConfig(epsilon=0.0, seed=0))
+    assert len(scripts) == 10 and all(s.correct for s in scripts)  # epsilon 0: the expert is right
+    task_names = {e.name for e in kb.build_kb(kb.KBConfig()).values()}
+    synthetic = {p.title for p in passages}
+    assert synthetic and not synthetic & task_names  # other seeds, other made-up names

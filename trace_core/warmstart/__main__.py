@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
     p.add_argument("--eval-samples", type=int, default=eval_d.samples, help="trajectories per test task (>= 2)")
     p.add_argument("--temperature", type=float, default=eval_d.temperature, help="evaluation sampling temperature")
     p.add_argument("--qa-index", default=None, help="retriever index dir for QA evaluation (default: build one)")
+    p.add_argument("--synthetic-kbs", type=int, default=0,
+                   help="QA demonstrations also over this many freshly generated knowledge bases (copying, not recall)")
+    p.add_argument("--synthetic-questions", type=int, default=200, help="questions per synthetic knowledge base")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     families = tuple(t.strip() for t in a.tasks.split(",") if t.strip())
@@ -56,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
     )
     return WarmStartConfig(
         data_dir=a.data, out_dir=a.out, families=families, train_tasks=a.train_tasks, eval_tasks=a.eval_tasks,
-        qa_index=a.qa_index,
+        qa_index=a.qa_index, synthetic_kbs=a.synthetic_kbs, synthetic_questions=a.synthetic_questions,
         demos=DemoConfig(epsilon=a.epsilon, demos_per_task=a.demos_per_task, seed=a.seed),
         model=model,
         copy_init=not a.no_copy_init,

@@ -59,6 +59,12 @@ class WarmStartConfig:
     sft: SFTConfig = field(default_factory=lambda: FULL_SFT)  # stage 2, on the full demonstrations
     eval: EvalConfig = field(default_factory=EvalConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    # QA demonstrations over other, freshly generated knowledge bases (same generator, other seeds,
+    # other made-up names). On the task KB alone a tiny policy memorises which entity goes with
+    # which question; names it has never seen can only be copied, which is the skill a new
+    # question needs. 0: only the task KB.
+    synthetic_kbs: int = 0
+    synthetic_questions: int = 200  # questions per synthetic knowledge base
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.families if f not in FAMILIES]
@@ -68,6 +74,9 @@ class WarmStartConfig:
             raise ValueError(f"train_tasks must be >= 1 or None, got {self.train_tasks}")
         if self.eval_tasks < 0:
             raise ValueError(f"eval_tasks must be >= 0, got {self.eval_tasks}")
+        if self.synthetic_kbs < 0 or self.synthetic_questions < 1:
+            raise ValueError(f"synthetic_kbs must be >= 0 and synthetic_questions >= 1, got "
+                             f"{self.synthetic_kbs}, {self.synthetic_questions}")
 
 
 def make_expert(family: str, data_dir: str | Path) -> Expert:
@@ -78,6 +87,29 @@ def make_expert(family: str, data_dir: str | Path) -> Expert:
     if family == "qa":
         return QAExpert(load_kb(data / "qa" / "kb.json"), PassageSearch(load_passages(data / "qa" / "corpus.jsonl")))
     raise ValueError(f"no scripted expert for task family {family!r}; known: {FAMILIES}")
+
+
+SYNTHETIC_KB_SEED = 1_000  # synthetic knowledge base i uses KBConfig(seed=SYNTHETIC_KB_SEED + i)
+
+
+def synthetic_qa_scripts(count: int, questions: int, demos: DemoConfig) -> tuple[list[Script], list]:
+    """Expert scripts over ``count`` freshly generated knowledge bases, and their passages."""
+    from trace_core.data.kb import KBConfig, build_kb, corpus, generate_questions
+    from trace_core.envs.registry import example_to_task
+    from trace_core.warmstart.experts import KBEntity
+
+    scripts: list[Script] = []
+    passages: list = []
+    for i in range(count):
+        config = KBConfig(seed=SYNTHETIC_KB_SEED + i)
+        kb = build_kb(config)
+        kb_passages = corpus(kb)
+        examples = generate_questions(kb, f"synthetic{i}", questions, config, set())
+        expert = QAExpert({e.id: KBEntity(e.id, e.kind, e.name, e.attrs) for e in kb.values()},
+                          PassageSearch(kb_passages))
+        scripts += build_scripts(expert, [example_to_task(e) for e in examples], demos)
+        passages += kb_passages
+    return scripts, passages
 
 
 def env_factory(family: str, data_dir: str | Path, qa_index: str | Path):
@@ -114,6 +146,10 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
         tasks: list[Task] = load_tasks(data / family / "train.jsonl", config.train_tasks)
         scripts[family] = build_scripts(make_expert(family, data), tasks, config.demos)
     passages = load_passages(data / "qa" / "corpus.jsonl") if "qa" in config.families else []
+    if "qa" in config.families and config.synthetic_kbs:
+        extra, extra_passages = synthetic_qa_scripts(config.synthetic_kbs, config.synthetic_questions, config.demos)
+        scripts["qa"] = scripts["qa"] + extra
+        passages = passages + extra_passages
     corpus = tokenizer_corpus(scripts, TOOLS, config.agent, passages)
     init_dir = build_policy(out / "init", corpus, config.model, copy_init=config.copy_init)
     tokenizer = AutoTokenizer.from_pretrained(init_dir)

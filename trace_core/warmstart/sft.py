@@ -78,6 +78,12 @@ class SFTConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     share_prefix: bool = True  # run a batch's common prefix once (module docstring)
+    # Train with the output embedding tied to the input embedding, then save them untied (equal).
+    # Copying a name from the context needs its output row to match its input row; untied, the
+    # rows of names that are rarely targets drift apart and a tiny model never learns to copy
+    # (measured: a toy copy task, 300 steps, 69% tied vs 5% untied). The saved model stays
+    # untied, as the engines and the trainer expect.
+    tie_embeddings: bool = False
     threads: int | None = None  # torch intra-op threads; None keeps torch's setting
     progress: bool = True  # show a tqdm progress bar
 
@@ -238,6 +244,8 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
+    if config.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight  # one Parameter, for the duration of SFT
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     rng = np.random.default_rng(config.seed)
     per_epoch = len(batch_order(demos, config.batch_size, np.random.default_rng(config.seed)))
@@ -271,6 +279,8 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
     log = SFTLog(asdict(config), step, len(demos), targets, processed, losses,
                  time.perf_counter() - t0, time.process_time() - c0)
     model.eval()
+    if config.tie_embeddings:  # untie again: equal rows, separate tensors
+        model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     if out.resolve() != model_dir.resolve():
