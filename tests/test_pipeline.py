@@ -382,3 +382,108 @@ def test_dvc_repro_in_a_fresh_clone_then_nothing_to_do(tmp_path: Path) -> None:
     plots = dvc("plots", "show", "--json")
     assert "effective_ratio.csv" in plots
     assert (clone / "runs/dvc/compare/table.md").read_text().count("| trace |") == 2  # training + evaluation
+
+
+# ------------------------------------------------------------------------------------ submit / schedule
+class _KFPApi:
+    """A Kubeflow Pipelines REST endpoint (v2beta1) on a local port that records what it is sent:
+    enough of the API for kfp.Client's submit and schedule calls (healthz, experiments, runs,
+    recurring runs). It checks what *our* entry points send through the real kfp client."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[tuple[str, str, dict]] = []
+        self.experiments: dict[str, dict] = {}
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def reply(self, body: dict, code: int = 200) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802
+                api.requests.append(("GET", self.path, {}))
+                path = self.path.split("?")[0]
+                if path.endswith("/healthz"):
+                    return self.reply({"multi_user": False})
+                if path.endswith("/experiments"):
+                    return self.reply({"experiments": list(api.experiments.values())} if api.experiments else {})
+                if "/experiments/" in path:
+                    return self.reply(api.experiments[path.rsplit("/", 1)[1]])
+                return self.reply({"error": f"unknown {path}"}, 404)
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                api.requests.append(("POST", self.path, body))
+                path = self.path.split("?")[0]
+                if path.endswith("/experiments"):
+                    exp = {**body, "experiment_id": f"exp-{len(api.experiments) + 1}"}
+                    api.experiments[exp["experiment_id"]] = exp
+                    return self.reply(exp)
+                if path.endswith("/runs"):
+                    return self.reply({**body, "run_id": "run-1"})
+                if path.endswith("/recurringruns"):
+                    return self.reply({**body, "recurring_run_id": "recurring-1"})
+                return self.reply({"error": f"unknown {path}"}, 404)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def posted(self, suffix: str) -> list[dict]:
+        return [body for method, path, body in self.requests
+                if method == "POST" and path.split("?")[0].endswith(suffix)]
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def _parameters(body: dict) -> dict:
+    """A run's or recurring run's parameters, whichever field name the client uses."""
+    config = body.get("runtime_config") or body.get("runtimeConfig") or {}
+    return config.get("parameters", {})
+
+
+def test_submit_and_schedule_send_the_pipeline_its_parameters_and_the_schedule(tmp_path: Path,
+                                                                                capsys) -> None:
+    from pipelines.__main__ import main
+
+    api = _KFPApi()
+    try:
+        assert main(["submit", "--host", api.url, "--experiment", "nightly", "--run-name", "first",
+                     "--mlflow-uri", "http://mlflow.example:5000", "--output", str(tmp_path / "p.yaml"),
+                     "methods=[grpo,treepo,trace]"]) == 0
+        assert "submitted run run-1" in capsys.readouterr().out
+        (run,) = api.posted("/runs")
+        assert run["display_name"] == "first" and run["experiment_id"] == "exp-1"
+        assert run["service_account"] == PipelineConfig().platform.service_account
+        params = _parameters(run)
+        assert params["methods"] == ["grpo", "treepo", "trace"] and params["mlflow_uri"] == "http://mlflow.example:5000"
+        assert json.loads(params["train_config"])["tracking"]["tracking_uri"] == "http://mlflow.example:5000"
+        sent = run["pipeline_spec"]  # the package's two documents: the pipeline and its Kubernetes placement
+        spec, placement = sent["pipeline_spec"], sent["platform_spec"]
+        assert "kubernetes" in placement["platforms"]
+        assert spec["pipelineInfo"]["name"] == "trace-rl" and set(spec["deploymentSpec"]["executors"]) >= {
+            "exec-train", "exec-evaluate", "exec-compare"}
+        assert [e["display_name"] for e in api.posted("/experiments")] == ["nightly"]
+
+        assert main(["schedule", "--host", api.url, "--experiment", "nightly", "--cron", "0 0 3 * * *",
+                     "--output", str(tmp_path / "s.yaml")]) == 0
+        (job,) = api.posted("/recurringruns")
+        assert job["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * *" and job["max_concurrency"] in (1, "1")
+        assert job["no_catchup"] is True and job["experiment_id"] == "exp-1"  # the existing experiment, reused
+        # A recurring retrain starts from the registry's champion and registers what it trains.
+        warm = json.loads(_parameters(job)["warm_start_config"])
+        assert warm["from_registry"] is True and json.loads(_parameters(job)["registry_config"])["enabled"] is True
+        assert len(api.posted("/experiments")) == 1
+    finally:
+        api.close()
