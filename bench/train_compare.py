@@ -38,7 +38,7 @@ def run_one(method: str, seed: int, args, engine, eval_cfg) -> dict:
         f"output_dir={out}", f"task.family={args.task}", f"task.data_dir={args.data}", "progress=false",
         f"tracking.tracking_uri=sqlite:///{Path(args.out_dir).resolve() / 'mlflow.db'}",
         "tracking.experiment=bench-train-compare", f"budget.roots_M={args.roots_M}",
-        f"budget.expansion_N={args.expansion_N}",
+        f"budget.expansion_N={args.expansion_N}", f"predictor.task_family={args.task}",
     ]
     cfg = load_config(TrainConfig, args.config, overrides)
     trainer = Trainer(cfg, engine=engine)

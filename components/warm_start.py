@@ -73,7 +73,8 @@ def warm_start(
             base = WarmStartConfig()
             extra = {}
             if getattr(base, "view_sft", None) is not None:  # the warm start's first SFT stage, when it has one
-                extra["view_sft"] = replace(base.view_sft, seed=cfg["seed"], progress=False)
+                extra["view_sft"] = replace(base.view_sft, seed=cfg["seed"], progress=False,
+                                            **given(epochs=cfg.get("view_epochs")))
             ws = replace(
                 base, data_dir=data.path, out_dir=str(work), families=tuple(cfg["families"]),
                 train_tasks=cfg["train_tasks"], eval_tasks=cfg["eval_tasks"], qa_index=index.path,

@@ -71,7 +71,8 @@ class WarmStartStepConfig:
     families: list[str] = field(default_factory=lambda: ["qa"])  # task families demonstrated (math, qa)
     train_tasks: int | None = 200  # demonstrate the first N training tasks per family (None: all)
     epsilon: float | None = None  # probability that an expert step is wrong (mixed rewards for RL)
-    epochs: float | None = None  # SFT passes over the demonstrations
+    view_epochs: float | None = None  # SFT stage 1: passes over the turn views (the copying skills)
+    epochs: float | None = None  # SFT stage 2: passes over the full demonstrations
     lr: float | None = None  # SFT peak learning rate
     batch_size: int | None = None  # demonstrations per SFT step
     eval_tasks: int = 0  # warm-start self-evaluation per family (0: the evaluate step measures instead)

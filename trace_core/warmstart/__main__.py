@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
     p.add_argument("--heads", type=int, default=WARM_MODEL.num_attention_heads, help="attention heads")
     p.add_argument("--intermediate", type=int, default=WARM_MODEL.intermediate_size, help="MLP width")
     p.add_argument("--vocab", type=int, default=WARM_MODEL.vocab_size, help="tokenizer size (upper bound)")
+    p.add_argument("--untied-sft", action="store_true",
+                   help="train the output embedding separately from the input one (default: tied during SFT)")
     p.add_argument("--no-copy-init", action="store_true", help="plain random init (no copy_friendly_init)")
     p.add_argument("--view-lr", type=float, default=view_d.lr, help="stage 1 (turn views) learning rate")
     p.add_argument("--view-epochs", type=float, default=view_d.epochs, help="stage 1 epochs (0: skip stage 1)")
@@ -65,9 +67,10 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
         copy_init=not a.no_copy_init,
         view_sft=None if a.view_epochs == 0 else dataclasses.replace(
             view_d, lr=a.view_lr, epochs=a.view_epochs, batch_size=a.view_batch_size, max_length=a.max_length,
-            seed=a.seed, threads=a.threads, progress=not a.no_progress),
+            seed=a.seed, threads=a.threads, progress=not a.no_progress, tie_embeddings=not a.untied_sft),
         sft=dataclasses.replace(sft_d, lr=a.lr, epochs=a.epochs, batch_size=a.batch_size, max_length=a.max_length,
-                                seed=a.seed, threads=a.threads, progress=not a.no_progress),
+                                seed=a.seed, threads=a.threads, progress=not a.no_progress,
+                                tie_embeddings=not a.untied_sft),
         eval=EvalConfig(samples=a.eval_samples, temperature=a.temperature, seed=a.seed),
     )
 

@@ -36,8 +36,8 @@ from trace_core.warmstart.tools import PassageSearch, load_passages
 
 FAMILIES = ("math", "qa")  # task families with a scripted expert
 # Stage 1 learns the copying skills on cheap turn views (demos.TurnView), stage 2 the full format.
-VIEW_SFT = SFTConfig(lr=5e-3, epochs=5.0, batch_size=32, warmup_steps=10, share_prefix=False)
-FULL_SFT = SFTConfig(lr=3e-3, epochs=1.0, batch_size=8, warmup_steps=5)
+VIEW_SFT = SFTConfig(lr=5e-3, epochs=5.0, batch_size=32, warmup_steps=10, share_prefix=False, tie_embeddings=True)
+FULL_SFT = SFTConfig(lr=3e-3, epochs=1.0, batch_size=8, warmup_steps=5, tie_embeddings=True)
 # The tool schemas each family's environment puts in the prompt (its tool_descriptions()).
 TOOLS: dict[str, list[dict[str, Any]]] = {"math": [PYTHON_TOOL], "qa": [SEARCH_TOOL]}
 
