@@ -31,6 +31,7 @@ from trace_core.evaluation import (
     BenchmarkConfig,
     BenchmarkResult,
     EvalConfig,
+    EvalEngineSettings,
     EvalResult,
     FamilyAgents,
     comparison_table,
@@ -438,3 +439,54 @@ def test_cli_help_and_a_run_on_the_transformers_engine(tiny_models, tmp_path: Pa
     result = EvalResult.load(tmp_path / "cli" / "result.json")
     assert result.config["samples"] == 2 and result.benchmarks["arith"].metrics["examples"] == 1
     assert not result.greedy and "greedy_acc" not in result.benchmarks["arith"].metrics
+
+
+@pytest.fixture(scope="module")
+def warm_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny policy warm-started on math and QA demonstrations (a short SFT: the format, not skill)."""
+    import dataclasses
+
+    from trace_core.warmstart.pipeline import FULL_SFT, VIEW_SFT, WarmStartConfig, run_warm_start
+
+    out = tmp_path_factory.mktemp("warm")
+    config = WarmStartConfig(
+        data_dir=str(DATA), out_dir=str(out), families=("math", "qa"), train_tasks=24, eval_tasks=0,
+        view_sft=dataclasses.replace(VIEW_SFT, epochs=25.0, progress=False),
+        sft=dataclasses.replace(FULL_SFT, epochs=1.0, progress=False))
+    report = run_warm_start(config)
+    assert report["sft"]["views"]["last10_loss"] < 0.5 * report["sft"]["views"]["first_loss"]
+    return Path(report["policy_dir"])
+
+
+@needs_sandbox
+def test_a_warm_started_checkpoint_on_every_family_end_to_end(warm_checkpoint: Path, qa_factory,
+                                                              tmp_path: Path) -> None:
+    import dataclasses
+
+    """The warm-started checkpoint through the evaluator on the transformers engine: math (sandbox),
+    multi-hop QA (dense retriever) and BFCL (backends + checker). Its turns are the demonstrated
+    format — tool calls that parse — unlike a random policy's. BFCL prompts (~10k tokens) exceed the
+    tiny policy's 4,096 positions and are reported as such."""
+    agent = AgentConfig(max_turns=3, max_new_tokens=64, max_total_tokens=2048, temperature=1.0)
+    config = EvalConfig(name="warm", benchmarks=[BenchmarkConfig("arith", max_examples=3),
+                                                 BenchmarkConfig("kbqa", max_examples=3),
+                                                 BenchmarkConfig("bfcl_base", max_examples=1)],
+                        data_dir=str(DATA), samples=2, greedy=False, engine=EvalEngineSettings(kind="hf"),
+                        agents=FamilyAgents(math=agent, qa=agent, fc=agent), envs=ENVS, validate=False,
+                        output_dir=str(tmp_path / "warm"))
+    result = evaluate(warm_checkpoint, config, env_factories={"qa": qa_factory})
+    lines = [json.loads(x) for x in Path(result.files["examples"]).read_text().splitlines()]
+    assert [r["benchmark"] for r in lines] == ["arith"] * 3 + ["kbqa"] * 3 + ["bfcl_base"]
+    for r in lines[:6]:
+        assert not r["prompt_too_long"] and len(r["samples"]) == 2
+        assert r["c"] == sum(s["success"] for s in r["samples"])
+    assert lines[6]["prompt_too_long"] and result.benchmarks["bfcl_base"].metrics["pass_at_1"] == 0.0
+    # The same episodes from the random model it started from: the warm start is what makes tool calls.
+    init = evaluate(warm_checkpoint.parent / "init", dataclasses.replace(
+        config, name="init", benchmarks=config.benchmarks[:2], output_dir=str(tmp_path / "init")),
+        env_factories={"qa": qa_factory})
+    calls = {name: (result.benchmarks[name].metrics["tool_calls"], init.benchmarks[name].metrics["tool_calls"])
+             for name in ("arith", "kbqa")}
+    print(calls)
+    assert all(warm > 0 for warm, _ in calls.values()) and sum(w for w, _ in calls.values()) > sum(
+        i for _, i in calls.values()), calls
