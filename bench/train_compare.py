@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -153,7 +154,7 @@ def main() -> None:
     trace_run = next(r for r in runs if r["method"] == "trace")
     print(f"\nCost breakdown (trace, seed {trace_run['seed']}):\n{trace_run['cost_table']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": "python bench/train_compare.py" + (" --quick" if args.quick else ""),
+    args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]),
                                     "rows": rows, "runs": runs, "targets": targets,
                                     "wall_s": time.perf_counter() - t0}, indent=2, default=float))
     import matplotlib
