@@ -69,9 +69,11 @@ class WarmStartStepConfig:
 
     from_registry: bool = False  # start from the registered champion (else latest version) when there is one
     families: list[str] = field(default_factory=lambda: ["qa"])  # task families demonstrated (math, qa)
-    train_tasks: int | None = 200  # demonstrate the first N training tasks per family (None: all)
+    train_tasks: int | None = None  # demonstrate the first N training tasks per family (None: all)
     epsilon: float | None = None  # probability that an expert step is wrong (mixed rewards for RL)
-    view_epochs: float | None = None  # SFT stage 1: passes over the turn views (the copying skills)
+    # SFT stage 1: passes over the turn views (the copying skills). 16 over all 400 QA tasks: 3.3% of
+    # held-out trajectories succeed, vs 0-2% with 5 (README, "Warm start"); ~8 CPU minutes.
+    view_epochs: float | None = 16.0
     epochs: float | None = None  # SFT stage 2: passes over the full demonstrations
     lr: float | None = None  # SFT peak learning rate
     batch_size: int | None = None  # demonstrations per SFT step

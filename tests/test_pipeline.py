@@ -27,7 +27,7 @@ COMPONENTS = {"prepare-data", "build-retriever-index", "warm-start", "train", "e
 # Small enough for a test, large enough to exercise every path: both methods train one step and
 # are evaluated on a few examples; the transformers engine (no vLLM start-up).
 MINIATURE = [
-    "warm_start.train_tasks=12", "warm_start.epochs=1", "warm_start.batch_size=6",
+    "warm_start.train_tasks=12", "warm_start.view_epochs=2", "warm_start.epochs=1", "warm_start.batch_size=6",
     "train.steps=1", "train.engine.kind=hf", "train.budget.roots_M=4", "train.budget.expansion_N=1",
     "train.budget.group_size_G=2", "train.budget.max_per_prompt=4", "train.budget.pool_factor=1",
     "train.agent.max_new_tokens=16", "train.policy.micro_batches=1",
