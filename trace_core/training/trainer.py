@@ -196,8 +196,13 @@ class Trainer:
         with prof.phase("rollout"):
             result = self.executor.run(pool, m.tolist(), self.method, self.spec.expansion_N, score_prefixes,
                                        self.rng)
-        prof.move("rollout", "tool_execution", result.stats.tool_s)
-        prof.move("rollout", "predictor_scoring", result.stats.scoring_s)
+        # Wall-time attribution: the executor's loop is either in the engine, in the prefix scorer,
+        # or outside both (tool steps and restores, waiting for tool threads). stats.tool_s sums
+        # the tool threads' own durations, which overlap each other and the engine, so it is no
+        # share of the wall clock.
+        stats = result.stats
+        prof.move("rollout", "tool_execution", max(0.0, stats.wall_s - stats.rollout_s - stats.scoring_s))
+        prof.move("rollout", "predictor_scoring", stats.scoring_s)
         trees = result.trees
         # Predictions made before the update (roots: stage 1; anchors: stage 2) for honest Spearman.
         predictions = []
