@@ -71,18 +71,17 @@ def warm_start(
                 return {k: v for k, v in kw.items() if v is not None}
 
             base = WarmStartConfig()
-            extra = {}
-            if getattr(base, "view_sft", None) is not None:  # the warm start's first SFT stage, when it has one
-                extra["view_sft"] = replace(base.view_sft, seed=cfg["seed"], progress=False,
-                                            **given(epochs=cfg.get("view_epochs")))
+            view_sft = None if base.view_sft is None else replace(
+                base.view_sft, seed=cfg["seed"], progress=False, **given(epochs=cfg["view_epochs"]))
             ws = replace(
                 base, data_dir=data.path, out_dir=str(work), families=tuple(cfg["families"]),
                 train_tasks=cfg["train_tasks"], eval_tasks=cfg["eval_tasks"], qa_index=index.path,
                 demos=replace(base.demos, seed=cfg["seed"], **given(epsilon=cfg["epsilon"])),
+                view_sft=view_sft,
                 sft=replace(base.sft, seed=cfg["seed"], progress=False,
                             **given(lr=cfg["lr"], epochs=cfg["epochs"], batch_size=cfg["batch_size"])),
                 eval=replace(base.eval, seed=cfg["seed"]),
-                agent=from_dict(AgentConfig, agent), **given(synthetic_kbs=cfg.get("synthetic_kbs")), **extra,
+                agent=from_dict(AgentConfig, agent), **given(synthetic_kbs=cfg["synthetic_kbs"]),
             )
             report = run_warm_start(ws)
             tracker.log_params({"origin": origin, **{f"warm_start.{k}": v for k, v in cfg.items()}})

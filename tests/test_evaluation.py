@@ -13,6 +13,7 @@ the evaluator are all real.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -445,8 +446,6 @@ def test_cli_help_and_a_run_on_the_transformers_engine(tiny_models, tmp_path: Pa
 @pytest.fixture(scope="module")
 def warm_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny policy warm-started on math and QA demonstrations (a short SFT: the format, not skill)."""
-    import dataclasses
-
     from trace_core.warmstart.pipeline import FULL_SFT, VIEW_SFT, WarmStartConfig, run_warm_start
     from trace_core.warmstart.policy import WARM_MODEL
 
@@ -464,7 +463,6 @@ def warm_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @needs_sandbox
 def test_a_warm_started_checkpoint_on_every_family_end_to_end(warm_checkpoint: Path, qa_factory,
                                                               tmp_path: Path) -> None:
-    import dataclasses
 
     """The warm-started checkpoint through the evaluator on the transformers engine: math (sandbox),
     multi-hop QA (dense retriever) and BFCL (backends + checker). Its turns are the demonstrated
