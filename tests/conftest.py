@@ -12,6 +12,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override EngineConfig.kv_cache_bytes
 
+import contextlib  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
@@ -26,6 +27,7 @@ from trace_core.models import TinyQwen3Config, build_tiny_qwen3  # noqa: E402
 from trace_core.rollout import EngineConfig  # noqa: E402
 
 BLOCK = 32
+DATA = Path(__file__).resolve().parents[1] / "data"  # the embedded default (`make data`)
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 
 
@@ -77,6 +79,64 @@ def vllm_engine(tiny_models):
     engine = VLLMEngine(engine_config(tiny_models[0]))
     yield engine
     engine.close()
+
+
+@contextlib.contextmanager
+def batched_threads():
+    """Two torch threads for a while: batched work (SFT, embedding a corpus) gains from the second
+    core, unlike the tiny models' per-token decoding that the session default of one is for."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def text_encoder():
+    """The packaged MiniLM encoder, loaded once per session (a CPU model load costs seconds)."""
+    from trace_core.retrieval import RetrieverConfig, TextEncoder
+
+    return TextEncoder(RetrieverConfig())
+
+
+@pytest.fixture(scope="session")
+def kb_qa_index(tmp_path_factory, text_encoder):
+    """A flat dense index of the embedded KB-QA corpus (``kb.generate(KBConfig())``, which is what
+    ``data/qa/corpus.jsonl`` holds), built once per session; returns ``(index_dir, build_report)``."""
+    from trace_core.data import kb
+    from trace_core.retrieval import RetrieverConfig, build_index
+
+    _, passages, _ = kb.generate(kb.KBConfig())
+    out = tmp_path_factory.mktemp("kb_qa_index") / "qa_index"
+    with batched_threads():
+        report = build_index(passages, out, RetrieverConfig(batch_size=64), encoder=text_encoder, progress=False)
+    return out, report
+
+
+@pytest.fixture(scope="session")
+def warm_checkpoint(tmp_path_factory):
+    """A tiny policy warm-started on math and QA demonstrations (a short SFT: the format, not skill),
+    with positions for BFCL's ~10k-token prompts. Its ``init/`` sibling is the random model it
+    started from."""
+    import dataclasses
+
+    from trace_core.warmstart.pipeline import FULL_SFT, VIEW_SFT, WarmStartConfig, run_warm_start
+    from trace_core.warmstart.policy import WARM_MODEL
+
+    out = tmp_path_factory.mktemp("warm")
+    config = WarmStartConfig(
+        data_dir=str(DATA), out_dir=str(out), families=("math", "qa"), train_tasks=24, eval_tasks=0,
+        model=dataclasses.replace(WARM_MODEL, max_position_embeddings=32_768),  # room for BFCL's ~10k-token prompts
+        view_sft=dataclasses.replace(VIEW_SFT, epochs=16.0, progress=False),
+        sft=dataclasses.replace(FULL_SFT, epochs=4.0, progress=False))
+    with batched_threads():
+        report = run_warm_start(config)
+    assert report["sft"]["views"]["last10_loss"] < 0.5 * report["sft"]["views"]["first_loss"]
+    return Path(report["policy_dir"])
 
 
 @pytest.fixture(scope="session")

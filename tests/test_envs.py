@@ -77,15 +77,14 @@ def kb_data():
 
 
 @pytest.fixture(scope="module")
-def encoder() -> TextEncoder:
-    return TextEncoder(RetrieverConfig())  # loaded once: a CPU model load costs seconds
+def encoder(text_encoder) -> TextEncoder:
+    return text_encoder  # conftest: loaded once per session
 
 
 @pytest.fixture(scope="module")
-def index_dir(tmp_path_factory: pytest.TempPathFactory, kb_data, encoder: TextEncoder) -> Path:
+def index_dir(kb_qa_index, kb_data) -> Path:
+    out, report = kb_qa_index  # conftest: the embedded corpus's flat index, built once per session
     passages, _ = kb_data
-    out = tmp_path_factory.mktemp("index") / "qa_index"
-    report = build_index(passages, out, RetrieverConfig(batch_size=64), encoder=encoder, progress=False)
     assert (report.num_passages, report.dim) == (len(passages), 384) and report.passages_per_second > 0
     return out
 
