@@ -1,9 +1,11 @@
 """The three task environments and the retriever index, end to end through the tree executor.
 
-Episodes are driven two ways: by a scripted expert — a test double of the *engine* only, which
+Episodes are driven three ways: by a scripted expert — a test double of the *engine* only, which
 reads each request's history and writes the expert's next action as token ids (right or wrong
-depending on the sample's seed, so trees hold both rewards) — and by the random tiny Qwen3 on
-the transformers engine, whose garbage the loop must survive. The environments, executor,
+depending on the sample's seed, so trees hold both rewards) —, by the session's warm-started tiny
+policy (``conftest.warm_checkpoint``) sampled at T = 1 on the training tasks it was fitted to, whose
+rewards are mixed by themselves, and by the random tiny Qwen3 on the transformers engine, whose
+garbage the loop must survive. The environments, executor,
 sandbox, retriever and BFCL backends/checker are all real.
 
 Every trajectory's reward is checked against an independent replay of its whole root-to-leaf
@@ -257,7 +259,37 @@ def check_trees(result: RolloutResult, factory, tasks: list[Task]) -> list[float
     return rewards
 
 
+def warm_policy_trees(warm_checkpoint: Path, family: str, factory, agent: AgentConfig):
+    """The warm-started policy (HF engine, T = 1) through the TRACE executor on the training tasks it
+    was warm-started on, four bare rollouts per task plus one continuation each; returns the
+    rewards (each checked against a fresh replay) and the result."""
+    from conftest import DATA, WARM_TRAIN_TASKS
+
+    from trace_core.rollout.hf_engine import HFEngine
+    from trace_core.warmstart.demos import load_tasks
+
+    tasks = load_tasks(DATA / family / "train.jsonl", WARM_TRAIN_TASKS)
+    engine = HFEngine(EngineConfig(model_path=str(warm_checkpoint), seed=0,
+                                   max_model_len=agent.max_total_tokens + agent.max_new_tokens))
+    try:
+        result = run_executor(engine, engine.tokenizer, factory, tasks, m=4, n_expand=1, agent=agent)
+    finally:
+        engine.close()
+    return check_trees(result, factory, tasks), result
+
+
 # ------------------------------------------------------------------------------------------ math
+@needs_sandbox
+def test_math_episodes_of_a_warm_started_policy_have_mixed_rewards(warm_checkpoint: Path) -> None:
+    agent = AgentConfig(max_turns=3, max_new_tokens=96, max_total_tokens=2048, temperature=1.0)
+    rewards, result = warm_policy_trees(warm_checkpoint, "math", make_env_factory("math", MATH_CONFIG), agent)
+    print("math rewards", rewards)
+    assert set(rewards) == {0.0, 1.0}
+    # The policy's own tool calls ran in the sandbox: every tree has a `python` turn with output.
+    for tree in result.trees:
+        assert any('"python"' in n.info.get("action", "") for n in tree.nodes), tree.prompt_id
+
+
 @needs_sandbox
 def test_math_episodes_through_the_executor_with_mixed_rewards(tiny) -> None:
     _, tokenizer = tiny
@@ -358,6 +390,15 @@ def test_qa_episodes_through_the_executor_with_mixed_rewards(tiny, qa_factory, k
         history = tokenizer.decode(tree.history_tokens(leaf), skip_special_tokens=False)
         for step in task.metadata["path"]:
             assert f"] {step['entity']}:" in history
+
+
+def test_qa_episodes_of_a_warm_started_policy_have_mixed_rewards(warm_checkpoint: Path, qa_factory) -> None:
+    agent = AgentConfig(max_turns=6, max_new_tokens=96, max_total_tokens=2048, temperature=1.0)
+    rewards, result = warm_policy_trees(warm_checkpoint, "qa", qa_factory, agent)
+    print("qa rewards", rewards)
+    assert set(rewards) == {0.0, 1.0}
+    for tree in result.trees:  # the policy's own searches ran on the dense index
+        assert any('"search"' in n.info.get("action", "") for n in tree.nodes), tree.prompt_id
 
 
 def test_search_returns_the_passage_a_question_needs(retriever: Retriever, kb_data) -> None:
