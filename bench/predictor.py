@@ -20,6 +20,10 @@ Three parts, all on simulator trees (trace_core/sim.py) given synthetic token id
    policy-gradient token loss) + AdamW. Rollout generation is *not* in the denominator (the
    paper's step includes it), so our share is an upper bound on the paper's definition.
 
+Real rollout trees (TRACE training steps of a warm-started tiny policy on the embedded QA tasks,
+with the predictor's out-of-sample Spearman against a per-prompt memory baseline) are measured by
+``bench/predictor_real.py`` (``bench/results/predictor_real.json``).
+
 Synthetic tokens (documented, since simulator trees have empty token lists): vocabulary 0 = BOS,
 1 = TURN, then 32 buckets of the prompt feature (logit difficulty + noise, clipped to ±8), 32
 buckets of each turn's observation (V_t + noise, clipped to [−0.5, 1.5]), then filler ids. A

@@ -146,6 +146,37 @@ def warm_checkpoint(tmp_path_factory):
     return Path(report["policy_dir"])
 
 
+# Two short BFCL training entries (2 user turns each), of different scenarios.
+WARM_FC_TASKS = ("multi_turn_base_64", "multi_turn_base_70")
+
+
+@pytest.fixture(scope="session")
+def warm_fc_checkpoint(tmp_path_factory):
+    """A tiny policy warm-started on WARM_FC_TASKS (BFCL multi-turn, the expert's ground-truth calls)
+    until it reproduces its demonstrations; the expert's error draw closes a user turn of the
+    second one early, so on these two tasks its rewards are mixed. Its tokenizer is trained on these
+    prompts, so a ~10k-character BFCL prompt is ~3.3k tokens."""
+    import dataclasses
+
+    from trace_core.warmstart.demos import DemoConfig
+    from trace_core.warmstart.pipeline import FULL_SFT, WarmStartConfig, run_warm_start
+    from trace_core.warmstart.policy import WARM_MODEL
+
+    out = tmp_path_factory.mktemp("warm_fc")
+    config = WarmStartConfig(
+        data_dir=str(DATA), out_dir=str(out), families=("fc",), train_task_ids=WARM_FC_TASKS, eval_tasks=0,
+        demos=DemoConfig(epsilon=0.15, seed=3),  # base_64 demonstrated right, base_70 closing a turn early
+        model=dataclasses.replace(WARM_MODEL, max_position_embeddings=8192),
+        view_sft=None,
+        sft=dataclasses.replace(FULL_SFT, lr=5e-3, epochs=80.0, batch_size=1, warmup_steps=5, max_length=8192,
+                                progress=False))
+    with batched_threads():
+        report = run_warm_start(config)
+    assert 0 < report["demos"]["fc"]["correct_rate"] < 1, report["demos"]  # right and wrong demonstrations
+    assert report["sft"]["full"]["last10_loss"] < 0.05, report["sft"]
+    return Path(report["policy_dir"])
+
+
 @pytest.fixture(scope="session")
 def hf_engine(tiny_models):
     from trace_core.rollout.hf_engine import HFEngine

@@ -259,20 +259,25 @@ def check_trees(result: RolloutResult, factory, tasks: list[Task]) -> list[float
     return rewards
 
 
-def warm_policy_trees(warm_checkpoint: Path, family: str, factory, agent: AgentConfig):
+def warm_policy_trees(warm_checkpoint: Path, family: str, factory, agent: AgentConfig,
+                      task_ids: Sequence[str] = (), m: int = 4):
     """The warm-started policy (HF engine, T = 1) through the TRACE executor on the training tasks it
-    was warm-started on, four bare rollouts per task plus one continuation each; returns the
-    rewards (each checked against a fresh replay) and the result."""
+    was warm-started on (``task_ids``, else the first WARM_TRAIN_TASKS), ``m`` bare rollouts per
+    task plus one continuation each; returns the rewards (each checked against a fresh replay)
+    and the result."""
     from conftest import DATA, WARM_TRAIN_TASKS
 
     from trace_core.rollout.hf_engine import HFEngine
     from trace_core.warmstart.demos import load_tasks
 
-    tasks = load_tasks(DATA / family / "train.jsonl", WARM_TRAIN_TASKS)
+    if task_ids:
+        tasks = [t for t in load_tasks(DATA / family / "train.jsonl") if t.id in task_ids]
+    else:
+        tasks = load_tasks(DATA / family / "train.jsonl", WARM_TRAIN_TASKS)
     engine = HFEngine(EngineConfig(model_path=str(warm_checkpoint), seed=0,
                                    max_model_len=agent.max_total_tokens + agent.max_new_tokens))
     try:
-        result = run_executor(engine, engine.tokenizer, factory, tasks, m=4, n_expand=1, agent=agent)
+        result = run_executor(engine, engine.tokenizer, factory, tasks, m=m, n_expand=1, agent=agent)
     finally:
         engine.close()
     return check_trees(result, factory, tasks), result
@@ -613,6 +618,19 @@ def test_bfcl_prefix_restore_reproduces_backend_state() -> None:
     assert fresh.reward(Episode(task, actions, observations)) == 1.0
     with pytest.raises(ValueError, match="FCSnapshot"):
         fresh.restore({"turn": 0})
+
+
+def test_bfcl_episodes_of_a_warm_started_policy_have_mixed_rewards(warm_fc_checkpoint: Path) -> None:
+    from conftest import WARM_FC_TASKS
+
+    agent = AgentConfig(max_turns=24, max_new_tokens=160, max_total_tokens=8192, temperature=1.0)
+    factory = make_env_factory("fc", FCEnvConfig())
+    rewards, result = warm_policy_trees(warm_fc_checkpoint, "fc", factory, agent, WARM_FC_TASKS, m=2)
+    print("fc rewards", rewards)
+    assert set(rewards) == {0.0, 1.0}
+    for tree in result.trees:  # the policy's own calls ran on the BFCL backends
+        assert any('"name"' in n.info.get("action", "") and not n.info.get("tool_error")
+                   for n in tree.nodes), tree.prompt_id
 
 
 def test_bfcl_episodes_through_the_executor_with_mixed_rewards(tiny) -> None:

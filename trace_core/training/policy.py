@@ -35,7 +35,7 @@ from trace_core.tree import RolloutTree
 class PolicyTrainConfig:
     """How the policy is updated each step."""
 
-    lr: float = 1e-5  # AdamW learning rate (tiny random policies want ~1e-4)
+    lr: float = 1e-5  # AdamW learning rate (tiny random policies want ~1e-4; 0 freezes the policy)
     weight_decay: float = 0.0  # AdamW weight decay
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     grad_clip: float = 1.0  # global gradient-norm clip (0 = off)
@@ -53,8 +53,8 @@ class PolicyTrainConfig:
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.micro_batches < 1 or self.ppo_epochs < 1:
             raise ValueError("micro_batches and ppo_epochs must be >= 1")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.lr < 0:
+            raise ValueError(f"lr must be >= 0 (0 freezes the policy), got {self.lr}")
         if self.dist_backend not in ("gloo", "nccl"):
             raise ValueError(f"dist_backend must be 'gloo' or 'nccl', got {self.dist_backend!r}")
         if self.dtype not in ("float32", "bfloat16"):

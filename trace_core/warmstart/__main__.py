@@ -8,7 +8,14 @@ import sys
 
 from trace_core.warmstart.demos import DemoConfig
 from trace_core.warmstart.evaluate import EvalConfig
-from trace_core.warmstart.pipeline import FAMILIES, FULL_SFT, VIEW_SFT, WarmStartConfig, run_warm_start
+from trace_core.warmstart.pipeline import (
+    DEFAULT_FAMILIES,
+    FAMILIES,
+    FULL_SFT,
+    VIEW_SFT,
+    WarmStartConfig,
+    run_warm_start,
+)
 from trace_core.warmstart.policy import WARM_MODEL
 
 
@@ -22,7 +29,8 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
     )
     p.add_argument("--data", default="data", help="generated data directory (python -m trace_core.data.generate)")
     p.add_argument("--out", default="runs/warm", help="output directory (init/, policy/, demos.jsonl, report.json)")
-    p.add_argument("--tasks", default=",".join(FAMILIES), help=f"comma-separated task families from {FAMILIES}")
+    p.add_argument("--tasks", default=",".join(DEFAULT_FAMILIES),
+                   help=f"comma-separated task families from {FAMILIES} (fc: BFCL, long sequences)")
     p.add_argument("--train-tasks", type=int, default=None, help="demonstrate only the first N training tasks")
     p.add_argument("--epsilon", type=float, default=demo_d.epsilon, help="probability that an expert step is wrong")
     p.add_argument("--demos-per-task", type=int, default=demo_d.demos_per_task)

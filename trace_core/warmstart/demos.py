@@ -177,10 +177,19 @@ def build_scripts(
     return scripts
 
 
+ToolSchemas = list[dict[str, Any]] | Callable[[Task], list[dict[str, Any]]]  # one list, or per task
+
+
+def tools_of(tools: ToolSchemas, task: Task) -> list[dict[str, Any]]:
+    """The tool schemas ``task``'s prompt shows: a family's fixed list, or a per-task function
+    (BFCL: the entry's involved classes)."""
+    return tools(task) if callable(tools) else tools
+
+
 def render_demos(
     tokenizer: Any,
     scripts: Iterable[Script],
-    tools: list[dict[str, Any]],
+    tools: ToolSchemas,
     agent: AgentConfig | None = None,
     max_tokens: int | None = None,
 ) -> list[Demo]:
@@ -190,7 +199,7 @@ def render_demos(
     limit = agent.max_total_tokens if max_tokens is None else min(max_tokens, agent.max_total_tokens)
     demos = []
     for script in scripts:
-        demo = render_demo(tokenizer, script, tools, agent)
+        demo = render_demo(tokenizer, script, tools_of(tools, script.task), agent)
         if len(demo.token_ids) > limit:
             raise ValueError(f"demo of task {script.task.id!r} has {len(demo.token_ids)} tokens, "
                              f"over the limit {limit}")
@@ -202,7 +211,7 @@ def build_demos(
     tokenizer: Any,
     expert: Expert,
     tasks: Iterable[Task],
-    tools: list[dict[str, Any]],
+    tools: ToolSchemas,
     agent: AgentConfig | None = None,
     config: DemoConfig | None = None,
     env_factory: Callable[[Task], Environment] | None = None,

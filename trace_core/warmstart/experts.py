@@ -8,6 +8,8 @@ model-written text (a short thought, then ``<tool_call>{...}</tool_call>`` or
 * math — turn 1 calls ``python`` with the problem's ``solution_code``; corrupted: one digit of one
   number literal changed (the observation is then the wrong program's output). Turn 2 answers
   ``\\boxed{<printed value>}``; corrupted: one digit of the value changed.
+* fc — BFCL's ground-truth calls, one per turn, each user turn closed by ``<answer>``; corrupted:
+  the user turn is closed early, before the call (see :class:`FCExpert`).
 * qa — one ``search`` per hop, the query being the hop entity's name and the fact wanted
   (``"Nivia Thondre employer"``); corrupted: another entity of the same kind is searched, and the
   expert then follows the relation from *that* entity (a coherent but wrong trail through the
@@ -270,3 +272,51 @@ class QAExpert:
                 bad = False
         steps.append(ExpertStep(answer_text(self.THOUGHT_ANSWER, answer), None, final_answer=answer, corrupted=bad))
         return Script(task, tuple(steps), exact_match(answer, answers_of(task)) == 1.0)
+
+
+# --------------------------------------------------------------------------------------------- fc
+class FCExpert:
+    """Replays a BFCL entry's ground-truth calls, one call per turn, each user turn closed by an answer.
+
+    Observations always come from a real :class:`~trace_core.envs.fc_env.FCEnvironment` (BFCL's
+    backends run in-process and cost microseconds, so there is no stand-in); the answer that closes
+    a user turn is followed by the next user message, as in a rollout. Corrupted (probability
+    ``epsilon`` per call): the user turn is closed early, before that call and the rest of the
+    turn's calls, as a careless agent that thinks it is done would; the closing answer is the
+    corrupted step. Correctness is BFCL's multi-turn checker.
+    """
+
+    task_name = "fc"
+    THOUGHT_CALL = "I will call the function."
+    THOUGHT_ANSWER = "The request is done."
+    ANSWER = "Done."
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config  # FCEnvConfig of the environment the observations come from (None: default)
+
+    def script(self, task: Task, epsilon: float, seed: int = 0, env: Environment | None = None) -> Script:
+        from trace_core.envs.fc_env import FCEnvironment, ground_truth_tool_calls
+
+        _check_epsilon(epsilon)
+        rng = HashRng(f"{seed}/warmstart/fc/{task.id}")
+        env = env if env is not None else FCEnvironment(task, self.config)
+        if not isinstance(env, FCEnvironment):
+            raise ValueError(f"fc task {task.id!r}: the expert needs an FCEnvironment, got {type(env).__name__}")
+        env.reset(task)
+        turns = ground_truth_tool_calls(task)
+        steps: list[ExpertStep] = []
+        for i, calls in enumerate(turns):
+            early = False
+            for call in calls:
+                if _coin(rng, epsilon):
+                    early = True
+                    break
+                text = tool_call_text(self.THOUGHT_CALL, call["name"], call["arguments"])
+                steps.append(ExpertStep(text, env.step(parse_action(text)).text, tool=call["name"],
+                                        arguments=call["arguments"]))
+            text = answer_text(self.THOUGHT_ANSWER, self.ANSWER)
+            observation = env.step(parse_action(text))
+            last = i == len(turns) - 1
+            steps.append(ExpertStep(text, None if last else observation.text,
+                                    final_answer=self.ANSWER if last else None, corrupted=early))
+        return Script(task, tuple(steps), bool(env.check().get("valid")))

@@ -27,19 +27,40 @@ from trace_core.envs.qa_env import SEARCH_TOOL
 from trace_core.models import TinyQwen3Config
 from trace_core.rollout.agent import AgentConfig
 from trace_core.rollout.env import Task
-from trace_core.warmstart.demos import DemoConfig, build_scripts, corruption_rate, load_tasks, render_demos, write_demos
+from trace_core.warmstart.demos import (
+    DemoConfig,
+    ToolSchemas,
+    build_scripts,
+    corruption_rate,
+    load_tasks,
+    render_demos,
+    write_demos,
+)
 from trace_core.warmstart.evaluate import TABLE_HEADER, EvalConfig, EvalResult, evaluate_policy
-from trace_core.warmstart.experts import Expert, MathExpert, QAExpert, Script, load_kb
+from trace_core.warmstart.experts import Expert, FCExpert, MathExpert, QAExpert, Script, load_kb
 from trace_core.warmstart.policy import WARM_MODEL, build_policy, count_parameters, tokenizer_corpus
 from trace_core.warmstart.sft import SFTConfig, read_sft_log, sft
 from trace_core.warmstart.tools import PassageSearch, load_passages
 
-FAMILIES = ("math", "qa")  # task families with a scripted expert
+FAMILIES = ("math", "qa", "fc")  # task families with a scripted expert
+DEFAULT_FAMILIES = ("math", "qa")  # BFCL demonstrations are ~4k-token sequences: opt in
 # Stage 1 learns the copying skills on cheap turn views (demos.TurnView), stage 2 the full format.
 VIEW_SFT = SFTConfig(lr=5e-3, epochs=5.0, batch_size=32, warmup_steps=10, share_prefix=False, tie_embeddings=True)
 FULL_SFT = SFTConfig(lr=3e-3, epochs=1.0, batch_size=8, warmup_steps=5, tie_embeddings=True)
 # The tool schemas each family's environment puts in the prompt (its tool_descriptions()).
 TOOLS: dict[str, list[dict[str, Any]]] = {"math": [PYTHON_TOOL], "qa": [SEARCH_TOOL]}
+
+
+def bfcl_tools(task: Task) -> list[dict[str, Any]]:
+    """The tools a BFCL entry's prompt lists: its involved classes' functions (missing-function
+    entries without the held-out ones), as the environment offers them at reset."""
+    from trace_core.envs.fc_env import FCEnvironment
+
+    return FCEnvironment(task).tool_descriptions()
+
+
+def family_tools(family: str) -> ToolSchemas:
+    return bfcl_tools if family == "fc" else TOOLS[family]
 
 
 @dataclass(frozen=True)
@@ -48,8 +69,9 @@ class WarmStartConfig:
 
     data_dir: str = "data"  # output of `python -m trace_core.data.generate`
     out_dir: str = "runs/warm"
-    families: tuple[str, ...] = FAMILIES  # task families to demonstrate and evaluate
+    families: tuple[str, ...] = DEFAULT_FAMILIES  # task families to demonstrate and evaluate (of FAMILIES)
     train_tasks: int | None = None  # demonstrate only the first N training tasks per family (None: all)
+    train_task_ids: tuple[str, ...] = ()  # if set: demonstrate exactly these training tasks (ids), not the first N
     eval_tasks: int = 50  # evaluate on the first N test tasks per family (0: skip evaluation)
     qa_index: str | None = None  # retriever index for QA evaluation; None: build one under out_dir
     demos: DemoConfig = field(default_factory=DemoConfig)
@@ -59,6 +81,9 @@ class WarmStartConfig:
     sft: SFTConfig = field(default_factory=lambda: FULL_SFT)  # stage 2, on the full demonstrations
     eval: EvalConfig = field(default_factory=EvalConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    # BFCL episodes: several user turns of several calls each, after a ~3-10k-token prompt.
+    fc_agent: AgentConfig = field(default_factory=lambda: AgentConfig(max_turns=40, max_new_tokens=200,
+                                                                      max_total_tokens=32_768))
     # QA demonstrations over other, freshly generated knowledge bases (same generator, other seeds,
     # other made-up names). On the task KB alone a tiny policy memorises which entity goes with
     # which question; names it has never seen can only be copied, which is the skill a new
@@ -79,11 +104,17 @@ class WarmStartConfig:
                              f"{self.synthetic_kbs}, {self.synthetic_questions}")
 
 
+    def agent_for(self, family: str) -> AgentConfig:
+        return self.fc_agent if family == "fc" else self.agent
+
+
 def make_expert(family: str, data_dir: str | Path) -> Expert:
     """The scripted expert of a task family, with the stand-in tools over ``data_dir``."""
     data = Path(data_dir)
     if family == "math":
         return MathExpert()
+    if family == "fc":
+        return FCExpert()
     if family == "qa":
         return QAExpert(load_kb(data / "qa" / "kb.json"), PassageSearch(load_passages(data / "qa" / "corpus.jsonl")))
     raise ValueError(f"no scripted expert for task family {family!r}; known: {FAMILIES}")
@@ -110,6 +141,19 @@ def synthetic_qa_scripts(count: int, questions: int, demos: DemoConfig) -> tuple
         scripts += build_scripts(expert, [example_to_task(e) for e in examples], demos)
         passages += kb_passages
     return scripts, passages
+
+
+def training_tasks(config: WarmStartConfig, family: str) -> list[Task]:
+    """The training tasks of ``family`` to demonstrate: ``train_task_ids`` if set, else the first
+    ``train_tasks`` (all if None) of ``data_dir/<family>/train.jsonl``."""
+    tasks = load_tasks(Path(config.data_dir) / family / "train.jsonl",
+                       None if config.train_task_ids else config.train_tasks)
+    if config.train_task_ids:
+        tasks = [t for t in tasks if t.id in set(config.train_task_ids)]
+        if not tasks:
+            raise ValueError(f"train_task_ids names no {family} training task; drop {family!r} from families "
+                             "or add one of its ids")
+    return tasks
 
 
 def env_factory(family: str, data_dir: str | Path, qa_index: str | Path):
@@ -143,19 +187,24 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     scripts: dict[str, list[Script]] = {}
     for family in config.families:
-        tasks: list[Task] = load_tasks(data / family / "train.jsonl", config.train_tasks)
-        scripts[family] = build_scripts(make_expert(family, data), tasks, config.demos)
+        scripts[family] = build_scripts(make_expert(family, data), training_tasks(config, family), config.demos)
     passages = load_passages(data / "qa" / "corpus.jsonl") if "qa" in config.families else []
     if "qa" in config.families and config.synthetic_kbs:
         extra, extra_passages = synthetic_qa_scripts(config.synthetic_kbs, config.synthetic_questions, config.demos)
         scripts["qa"] = scripts["qa"] + extra
         passages = passages + extra_passages
-    corpus = tokenizer_corpus(scripts, TOOLS, config.agent, passages)
+    corpus = tokenizer_corpus(scripts, {f: family_tools(f) for f in scripts}, config.agent, passages)
     init_dir = build_policy(out / "init", corpus, config.model, copy_init=config.copy_init)
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
     demos = []
     for family in config.families:
-        demos += render_demos(tokenizer, scripts[family], TOOLS[family], config.agent, config.demos.max_tokens)
+        agent = config.agent_for(family)
+        limit = agent.max_total_tokens if family == "fc" else config.demos.max_tokens
+        demos += render_demos(tokenizer, scripts[family], family_tools(family), agent, limit)
+    for demo in demos:  # SFT would silently cut a longer one (an FC demo's calls come after its long prompt)
+        if len(demo.token_ids) > config.sft.max_length:
+            raise ValueError(f"demo of task {demo.script.task.id!r} has {len(demo.token_ids)} tokens, over "
+                             f"sft.max_length={config.sft.max_length}; raise sft.max_length")
     write_demos(out / "demos.jsonl", demos)
     im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
     views = [v for d in demos for v in d.turn_views(im_start)]
@@ -209,5 +258,5 @@ def evaluate_families(config: WarmStartConfig, policy_dir: str | Path) -> list[E
             index = ensure_qa_index(data, config.qa_index or Path(config.out_dir) / "qa_index")
         tasks = load_tasks(data / family / "test.jsonl", config.eval_tasks)
         results.append(evaluate_policy(policy_dir, family, tasks, env_factory(family, data, index),
-                                       config.agent, config.eval))
+                                       config.agent_for(family), config.eval))
     return results

@@ -16,7 +16,7 @@ digits: the trainer then learns no digit-digit merge and every number is tokenis
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from trace_core.data.schema import Passage
 from trace_core.models import TinyQwen3Config, build_tiny_qwen3, train_tokenizer
 from trace_core.rollout.agent import AgentConfig, observation_text
 from trace_core.rollout.env import Task
+from trace_core.warmstart.demos import ToolSchemas, tools_of
 from trace_core.warmstart.experts import Script
 from trace_core.warmstart.tools import format_passages
 
@@ -68,18 +69,20 @@ def prompt_texts(tasks_and_tools: Iterable[tuple[Task, list[dict[str, Any]]]], a
 
 def tokenizer_corpus(
     scripts: dict[str, Sequence[Script]],
-    tools: dict[str, list[dict[str, Any]]],
+    tools: Mapping[str, ToolSchemas],
     agent: AgentConfig,
     passages: Sequence[Passage] = (),
 ) -> list[str]:
     """Prompts, expert turns with their observations, and passages, with digits split.
 
-    ``scripts`` and ``tools`` map a task family ("math", "qa", ...) to its scripts and tool schemas.
+    ``scripts`` and ``tools`` map a task family ("math", "qa", ...) to its scripts and tool schemas
+    (a list, or a function of the task: :func:`~trace_core.warmstart.demos.tools_of`).
     """
     missing = sorted(set(scripts) - set(tools))
     if missing:
         raise ValueError(f"tools has no schemas for task families {missing}")
-    texts = prompt_texts(((s.task, tools[name]) for name, group in scripts.items() for s in group), agent)
+    texts = prompt_texts(((s.task, tools_of(tools[name], s.task)) for name, group in scripts.items() for s in group),
+                         agent)
     for group in scripts.values():
         for s in group:
             for step in s.steps:
