@@ -19,8 +19,9 @@ correlation exists. ``--policy`` is a policy warm-started on the first ``--train
 training tasks until it reproduces their demonstrations:
 
     python -m trace_core.warmstart --tasks qa --train-tasks 16 --view-epochs 0 --epochs 50 \\
-        --lr 5e-3 --batch-size 4 --threads 2 --eval-tasks 0 --out runs/warm_fit16
-    python bench/predictor_real.py --policy runs/warm_fit16/policy --train-tasks 16 --steps 20
+        --lr 5e-3 --batch-size 4 --threads 2 --real-observations --eval-split train --eval-tasks 16 \\
+        --eval-samples 4 --qa-index artifacts/qa_index --out runs/warm_fit16r
+    python bench/predictor_real.py      # the defaults: that policy, 16 tasks, M = 16, N = 1, 30 steps
 """
 
 from __future__ import annotations
@@ -51,12 +52,12 @@ def spearman(x, y) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policy", default="runs/warm_fit16/policy", help="warm-started policy directory")
+    ap.add_argument("--policy", default="runs/warm_fit16r/policy", help="warm-started policy directory")
     ap.add_argument("--config", default="configs/embedded.yaml", help="trainer config the run starts from")
     ap.add_argument("--data", default="data")
     ap.add_argument("--train-tasks", type=int, default=16, help="train on the first N QA training tasks")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--roots-M", dest="roots_M", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--roots-M", dest="roots_M", type=int, default=16)
     ap.add_argument("--expansion-N", dest="expansion_N", type=int, default=1)
     ap.add_argument("--group-G", dest="group_G", type=int, default=4, help="with --pool-factor, sets the pool size")
     ap.add_argument("--pool-factor", type=int, default=2,

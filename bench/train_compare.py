@@ -41,6 +41,10 @@ def run_one(method: str, seed: int, args, engine, eval_cfg) -> dict:
         "tracking.experiment=bench-train-compare", f"budget.roots_M={args.roots_M}",
         f"budget.expansion_N={args.expansion_N}", f"predictor.task_family={args.task}",
     ]
+    if args.train_file:
+        overrides.append(f"task.train_file={args.train_file}")
+    if args.max_turns:
+        overrides.append(f"agent.max_turns={args.max_turns}")
     cfg = load_config(TrainConfig, args.config, overrides)
     trainer = Trainer(cfg, engine=engine)
     per_step = cfg.budget.spec().total
@@ -87,6 +91,9 @@ def main() -> None:
     ap.add_argument("--config", default="configs/embedded.yaml")
     ap.add_argument("--task", default="math", choices=["math", "qa"])
     ap.add_argument("--data", default="data")
+    ap.add_argument("--train-tasks", type=int, default=None,
+                    help="train on the first N training tasks only (e.g. the ones a fitted warm start saw)")
+    ap.add_argument("--max-turns", type=int, default=None, help="agent turns (QA needs 5 for 4 hops + the answer)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--eval-examples", type=int, default=40)
@@ -101,6 +108,13 @@ def main() -> None:
         args.seeds, args.steps, args.eval_every = args.seeds[:1], min(args.steps, 4), 2
     if not Path(args.policy, "config.json").is_file():
         raise SystemExit(f"no warm-started policy at {args.policy}: run `python -m trace_core.warmstart` first")
+
+    args.train_file = None
+    if args.train_tasks:
+        lines = Path(args.data, args.task, "train.jsonl").read_text(encoding="utf-8").splitlines()[: args.train_tasks]
+        args.train_file = Path(args.out_dir) / "train.jsonl"
+        args.train_file.parent.mkdir(parents=True, exist_ok=True)
+        args.train_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     import torch
 

@@ -24,6 +24,8 @@ from trace_core.warmstart.policy import build_policy, split_digits, tokenizer_co
 from trace_core.warmstart.sft import SFTConfig, collate, masked_lm_loss, read_sft_log, sft
 from trace_core.warmstart.tools import PassageSearch
 
+DATA = Path(__file__).resolve().parents[1] / "data"  # the embedded default
+
 AGENT = AgentConfig()
 TINY = TinyQwen3Config(seed=3, vocab_size=700, hidden_size=64, num_hidden_layers=1, num_attention_heads=1,
                        num_key_value_heads=1, head_dim=32, intermediate_size=128, init_std=0.02)
@@ -287,3 +289,45 @@ def test_synthetic_knowledge_bases_give_new_names_and_valid_scripts() -> None:
     task_names = {e.name for e in kb.build_kb(kb.KBConfig()).values()}
     synthetic = {p.title for p in passages}
     assert synthetic and not synthetic & task_names  # other seeds, other made-up names
+
+
+# ---------------------------------------------------------------------------------- BFCL expert
+def test_bfcl_expert_replays_the_ground_truth_and_closes_turns_early_when_corrupted() -> None:
+    from trace_core.envs.fc_env import FCEnvironment, ground_truth_tool_calls
+    from trace_core.warmstart.experts import FCExpert
+    from trace_core.warmstart.pipeline import WarmStartConfig, bfcl_tools, training_tasks
+
+    config = WarmStartConfig(data_dir=str(DATA), families=("fc",), train_task_ids=("multi_turn_base_64",))
+    (task,) = training_tasks(config, "fc")
+    truth = ground_truth_tool_calls(task)
+    clean = FCExpert().script(task, epsilon=0.0)
+    # Every ground-truth call in order, one per turn, then one answer per user turn; BFCL's checker accepts it.
+    calls = [(parse_action(s.text).tool, parse_action(s.text).arguments) for s in clean.steps if s.tool]
+    assert calls == [(c["name"], c["arguments"]) for turn in truth for c in turn]
+    assert sum("<answer>" in s.text for s in clean.steps) == len(truth) and clean.correct
+    assert all(s.observation for s in clean.steps[:-1]) and clean.steps[-1].observation is None
+    # The answer closing user turn 1 is followed by user turn 2's message.
+    first_answer = next(s for s in clean.steps if "<answer>" in s.text)
+    assert first_answer.observation == task.metadata["turns"][1][0]["content"]
+    # Always corrupted: every user turn closed before its first call, which the checker rejects.
+    broken = FCExpert().script(task, epsilon=1.0)
+    assert [s.tool for s in broken.steps] == [None] * len(truth) and not broken.correct
+    assert broken.corrupted_steps == len(truth)
+    assert bfcl_tools(task) == FCEnvironment(task).tool_descriptions()
+    with pytest.raises(ValueError, match="FCEnvironment"):
+        FCExpert().script(task, 0.0, env=object())  # type: ignore[arg-type]
+
+
+def test_warm_start_task_selection_and_length_rules(tmp_path) -> None:
+    from trace_core.warmstart.pipeline import WarmStartConfig, run_warm_start, training_tasks
+
+    config = WarmStartConfig(data_dir=str(DATA), families=("math",), train_task_ids=("multi_turn_base_64",))
+    with pytest.raises(ValueError, match="train_task_ids names no math training task"):
+        training_tasks(config, "math")
+    with pytest.raises(ValueError, match="eval_split"):
+        WarmStartConfig(eval_split="dev")
+    # A BFCL demonstration (~3.7k tokens) is longer than SFT's default max_length: an error, not a silent cut.
+    config = WarmStartConfig(data_dir=str(DATA), out_dir=str(tmp_path), families=("fc",), eval_tasks=0,
+                             train_task_ids=("multi_turn_base_64",), view_sft=None)
+    with pytest.raises(ValueError, match="over sft.max_length=1024"):
+        run_warm_start(config)

@@ -52,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
     p.add_argument("--threads", type=int, default=None, help="torch threads for SFT (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="seeds the error draws, the weights, batch order, sampling")
     p.add_argument("--eval-tasks", type=int, default=50, help="test tasks per family to evaluate (0: skip)")
+    p.add_argument("--train-task-ids", default="",
+                   help="comma-separated training task ids to demonstrate instead of the first --train-tasks")
+    p.add_argument("--real-observations", action="store_true",
+                   help="demonstrations observe the real tools (sandbox, retriever), not the experts' stand-ins")
+    p.add_argument("--eval-split", choices=["test", "train"], default="test",
+                   help="test: held-out tasks; train: the demonstrated tasks (the success RL on them starts from)")
     p.add_argument("--eval-samples", type=int, default=eval_d.samples, help="trajectories per test task (>= 2)")
     p.add_argument("--temperature", type=float, default=eval_d.temperature, help="evaluation sampling temperature")
     p.add_argument("--qa-index", default=None, help="retriever index dir for QA evaluation (default: build one)")
@@ -69,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
     )
     return WarmStartConfig(
         data_dir=a.data, out_dir=a.out, families=families, train_tasks=a.train_tasks, eval_tasks=a.eval_tasks,
+        eval_split=a.eval_split, real_observations=a.real_observations,
+        train_task_ids=tuple(x for x in a.train_task_ids.split(",") if x),
         qa_index=a.qa_index, synthetic_kbs=a.synthetic_kbs, synthetic_questions=a.synthetic_questions,
         demos=DemoConfig(epsilon=a.epsilon, demos_per_task=a.demos_per_task, seed=a.seed),
         model=model,

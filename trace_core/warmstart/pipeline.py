@@ -73,6 +73,9 @@ class WarmStartConfig:
     train_tasks: int | None = None  # demonstrate only the first N training tasks per family (None: all)
     train_task_ids: tuple[str, ...] = ()  # if set: demonstrate exactly these training tasks (ids), not the first N
     eval_tasks: int = 50  # evaluate on the first N test tasks per family (0: skip evaluation)
+    # "test": held-out skill; "train": the demonstrated tasks themselves, i.e. the success an RL run
+    # on them starts from (the first eval_tasks of train_task_ids / the training file)
+    eval_split: str = "test"
     qa_index: str | None = None  # retriever index for QA evaluation; None: build one under out_dir
     demos: DemoConfig = field(default_factory=DemoConfig)
     model: TinyQwen3Config = WARM_MODEL
@@ -80,6 +83,11 @@ class WarmStartConfig:
     view_sft: SFTConfig | None = field(default_factory=lambda: VIEW_SFT)  # stage 1, on turn views; None: skip
     sft: SFTConfig = field(default_factory=lambda: FULL_SFT)  # stage 2, on the full demonstrations
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # Observations from the real environments (math: the sandbox; QA: the dense retriever over
+    # qa_index, built if missing) instead of the experts' cheap stand-ins: demonstrations are then
+    # byte for byte what a rollout of the same actions sees, at the tools' cost. A policy fitted to
+    # stand-in observations drifts as soon as the retriever ranks passages differently.
+    real_observations: bool = False
     agent: AgentConfig = field(default_factory=AgentConfig)
     # BFCL episodes: several user turns of several calls each, after a ~3-10k-token prompt.
     fc_agent: AgentConfig = field(default_factory=lambda: AgentConfig(max_turns=40, max_new_tokens=200,
@@ -99,6 +107,8 @@ class WarmStartConfig:
             raise ValueError(f"train_tasks must be >= 1 or None, got {self.train_tasks}")
         if self.eval_tasks < 0:
             raise ValueError(f"eval_tasks must be >= 0, got {self.eval_tasks}")
+        if self.eval_split not in ("test", "train"):
+            raise ValueError(f"eval_split must be 'test' or 'train', got {self.eval_split!r}")
         if self.synthetic_kbs < 0 or self.synthetic_questions < 1:
             raise ValueError(f"synthetic_kbs must be >= 0 and synthetic_questions >= 1, got "
                              f"{self.synthetic_kbs}, {self.synthetic_questions}")
@@ -187,7 +197,12 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     scripts: dict[str, list[Script]] = {}
     for family in config.families:
-        scripts[family] = build_scripts(make_expert(family, data), training_tasks(config, family), config.demos)
+        factory = None
+        if config.real_observations:
+            index = ensure_qa_index(data, config.qa_index or out / "qa_index") if family == "qa" else None
+            factory = env_factory(family, data, index)
+        scripts[family] = build_scripts(make_expert(family, data), training_tasks(config, family), config.demos,
+                                        factory)
     passages = load_passages(data / "qa" / "corpus.jsonl") if "qa" in config.families else []
     if "qa" in config.families and config.synthetic_kbs:
         extra, extra_passages = synthetic_qa_scripts(config.synthetic_kbs, config.synthetic_questions, config.demos)
@@ -249,14 +264,18 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
 
 
 def evaluate_families(config: WarmStartConfig, policy_dir: str | Path) -> list[EvalResult]:
-    """Success rate per family on the first ``config.eval_tasks`` test tasks, with the real environments."""
+    """Success rate per family on the first ``config.eval_tasks`` tasks of ``config.eval_split``
+    (training: those demonstrated), with the real environments."""
     data = Path(config.data_dir)
     results = []
     for family in config.families:
         index = None
         if family == "qa":
             index = ensure_qa_index(data, config.qa_index or Path(config.out_dir) / "qa_index")
-        tasks = load_tasks(data / family / "test.jsonl", config.eval_tasks)
+        if config.eval_split == "train":
+            tasks = training_tasks(config, family)[: config.eval_tasks]
+        else:
+            tasks = load_tasks(data / family / "test.jsonl", config.eval_tasks)
         results.append(evaluate_policy(policy_dir, family, tasks, env_factory(family, data, index),
                                        config.agent_for(family), config.eval))
     return results
