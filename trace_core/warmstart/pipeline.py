@@ -113,8 +113,8 @@ class WarmStartConfig:
             raise ValueError(f"synthetic_kbs must be >= 0 and synthetic_questions >= 1, got "
                              f"{self.synthetic_kbs}, {self.synthetic_questions}")
 
-
     def agent_for(self, family: str) -> AgentConfig:
+        """The agent settings a family's demonstrations and rollouts use."""
         return self.fc_agent if family == "fc" else self.agent
 
 
