@@ -87,6 +87,8 @@ def rollouts_to_reach(curve: list[tuple[int, float]], target: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="grpo and trace, one seed, few steps")
+    ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                    help="methods to compare (must include grpo and trace)")
     ap.add_argument("--policy", default="runs/warm/policy", help="warm-started policy directory")
     ap.add_argument("--config", default="configs/embedded.yaml")
     ap.add_argument("--task", default="math", choices=["math", "qa"])
@@ -103,7 +105,9 @@ def main() -> None:
     ap.add_argument("--out-dir", default="runs/bench_train_compare")
     ap.add_argument("--out", type=Path, default=Path("bench/results/train_compare.json"))
     args = ap.parse_args()
-    methods = ("grpo", "trace") if args.quick else METHODS
+    methods = ("grpo", "trace") if args.quick else tuple(args.methods)
+    if not {"grpo", "trace"} <= set(methods):
+        raise SystemExit(f"--methods must include grpo and trace (the targets compare them), got {methods}")
     if args.quick:
         args.seeds, args.steps, args.eval_every = args.seeds[:1], min(args.steps, 4), 2
     if not Path(args.policy, "config.json").is_file():
