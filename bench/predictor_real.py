@@ -39,15 +39,7 @@ os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
 import numpy as np  # noqa: E402
 
-
-def spearman(x, y) -> float:
-    from scipy.stats import spearmanr
-
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
-        return float("nan")
-    return float(spearmanr(x[ok], y[ok]).statistic)
+from trace_core.metrics import spearman  # noqa: E402
 
 
 def main() -> None:

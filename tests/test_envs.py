@@ -268,12 +268,11 @@ def warm_policy_trees(warm_checkpoint: Path, family: str, factory, agent: AgentC
     from conftest import DATA, WARM_TRAIN_TASKS
 
     from trace_core.rollout.hf_engine import HFEngine
-    from trace_core.warmstart.demos import load_tasks
+    from trace_core.warmstart.pipeline import WarmStartConfig, training_tasks
 
-    if task_ids:
-        tasks = [t for t in load_tasks(DATA / family / "train.jsonl") if t.id in task_ids]
-    else:
-        tasks = load_tasks(DATA / family / "train.jsonl", WARM_TRAIN_TASKS)
+    # The warm start's own task selection, so these are exactly the tasks the fixture demonstrated.
+    tasks = training_tasks(WarmStartConfig(data_dir=str(DATA), train_tasks=WARM_TRAIN_TASKS,
+                                           train_task_ids=tuple(task_ids)), family)
     engine = HFEngine(EngineConfig(model_path=str(warm_checkpoint), seed=0,
                                    max_model_len=agent.max_total_tokens + agent.max_new_tokens))
     try:
