@@ -36,10 +36,16 @@ def profile(
     lines += [f"| {p} | {100 * s:.1f}% |" for p, s in shares.items()]
     text = "\n".join(lines) + "\n\n```\n" + (Path(trained.path) / "cost_breakdown.txt").read_text() + "```\n"
     Path(breakdown.path).write_text(text)
+    import yaml
+
     history = json.loads((Path(trained.path) / "history.json").read_text())
     means = {k: sum(v) / len(v) for k, v in history.items() if v}
+    train_cfg = yaml.safe_load((Path(trained.path) / "train_config.yaml").read_text())
+    allocations = [json.loads(f.read_text()) for f in sorted((Path(trained.path) / "allocations").glob("*.json"))]
     data = {"method": method, "run_id": run_id, "steps": summary["steps"], "cost_shares": shares,
-            "last_step_seconds": step_s, "final": final, "means": means,
+            "last_step_seconds": step_s, "final": final, "means": means, "history": history,
+            "pool_success": summary.get("pool_success") or [], "warmup": summary.get("warmup"),
+            "pool_samples": train_cfg["pool_success"]["samples"], "allocations": allocations,
             "evaluation": json.loads(Path(evaluation.path).read_text()), "score": evaluation.metadata["score"],
             "primary_metric": evaluation.metadata["primary_metric"]}
     Path(report.path).write_text(json.dumps(data, indent=1, default=float))

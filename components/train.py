@@ -12,6 +12,7 @@ def train(
     data: Input[Dataset],
     index: Input[Artifact],
     warm_policy: Input[Model],
+    testbed: Input[Dataset],
     train_config: str,
     gpus: int,
     nodes: int,
@@ -29,8 +30,11 @@ def train(
     the method, the inputs' paths and the tracking target. Where it runs: in this process on CPU
     or one GPU; with ``gpus > 1`` DeepSpeed over ``torchrun`` in this pod; with ``nodes > 1`` a
     Training Operator PyTorchJob (``pipelines/pytorchjob.py``) that this step launches and
-    follows. The output holds ``policy/``, ``summary.json`` (final metrics, cost fractions),
-    ``history.json`` (every step's metrics) and ``cost_breakdown.txt``; the MLflow run carries the lineage tags."""
+    follows. ``{testbed}`` in the config's file paths (the RL pool, the predictor's warm-up split)
+    is the warm-start step's testbed folder. The output holds ``policy/``, ``summary.json`` (final
+    metrics, cost fractions, pool success, warm-up), ``history.json`` (every step's metrics),
+    ``allocations/`` (each step's root allocation) and ``cost_breakdown.txt``; the MLflow run
+    carries the lineage tags."""
     import json
     import os
     import subprocess
@@ -45,8 +49,10 @@ def train(
     defining["task"] = {k: v for k, v in raw["task"].items() if k not in ("data_dir", "index_dir", "train_file")}
     code = code_digest("trace_core.training", "trace_core.rollout", "trace_core.predictor", "trace_core.envs",
                        "trace_core.allocation", "trace_core.advantages", "trace_core.metrics", "trace_core.tree")
+    defining["predictor_warmup"] = {k: v for k, v in raw["predictor_warmup"].items() if k != "task_file"}
+    defining["predictor_warmup"]["on"] = raw["predictor_warmup"]["task_file"] is not None
     fp = fingerprint("train", method, defining, warm_policy.metadata["fingerprint"], data.metadata["fingerprint"],
-                     index.metadata["fingerprint"], gpus, nodes, code)
+                     index.metadata["fingerprint"], testbed.metadata.get("fingerprint", ""), gpus, nodes, code)
     stage = f"train-{method}"
     cache = StageCache(workspace, enabled=reuse)
     record = cache.lookup(stage, fp)
@@ -60,7 +66,11 @@ def train(
         work = cache.start(stage, fp, resume=True)  # a rerun after a crash resumes from the checkpoints
         run_dir = work / "run"
         raw.update(method=method, output_dir=str(run_dir), policy_model=warm_policy.path, progress=False)
-        raw["task"].update(data_dir=data.path, index_dir=index.path, train_file=None)
+        def place(path):  # "{testbed}/pool.jsonl" -> this run's testbed folder
+            return None if path is None else path.replace("{testbed}", testbed.path)
+
+        raw["task"].update(data_dir=data.path, index_dir=index.path, train_file=place(raw["task"]["train_file"]))
+        raw["predictor_warmup"]["task_file"] = place(raw["predictor_warmup"]["task_file"])
         raw["tracking"].update(tracking_uri=tracking_uri, experiment=experiment, run_name=method,
                                spool_dir=str(run_dir / "spool"))
         cfg = from_dict(TrainConfig, raw)
@@ -105,7 +115,7 @@ def train(
             late.flush()
         record = cache.commit(stage, fp, {"run_id": summary["run_id"], "method": method})
     run_dir = cache.entry(stage, fp) / "run"
-    for name in ("policy", "summary.json", "history.json", "cost_breakdown.txt", "train_config.yaml"):
+    for name in ("policy", "summary.json", "history.json", "cost_breakdown.txt", "train_config.yaml", "allocations"):
         copy_tree(run_dir / name, Path(trained.path) / name)
     trained.metadata.update({"fingerprint": fp, "method": method, "run_id": record["run_id"],
                              "dvc_md5": data.metadata.get("dvc_md5", "")})

@@ -19,12 +19,15 @@ def warm_start(
     experiment: str,
     kfp_run_id: str,
     policy: Output[Model],
+    testbed: Output[Dataset],
 ) -> str:
     """Write the starting policy (a transformers model directory) and return where it came from.
 
     With ``from_registry`` (recurring retrains) the policy is the registered champion of
     ``registry.model_name`` (else its latest version); without one, or when nothing is registered
-    yet, it is ``trace_core.warmstart``'s SFT on scripted expert demonstrations."""
+    yet, it is ``trace_core.warmstart``'s SFT on scripted expert demonstrations. With ``testbed``
+    the SFT follows the embedded testbed's plan and ``testbed`` receives its question files
+    (``pool.jsonl``, ``warmup.jsonl``) and ``testbed.json``."""
     import json
     import math
     from pathlib import Path
@@ -70,7 +73,13 @@ def warm_start(
             def given(**kw):  # None keeps the warm start's own (tuned) default
                 return {k: v for k, v in kw.items() if v is not None}
 
+            from trace_core.warmstart.pipeline import TESTBED_SFT
+            from trace_core.warmstart.testbed import TestbedConfig
+
             base = WarmStartConfig()
+            if cfg["testbed"]:  # the testbed's own recipe: full demonstrations only, fitted closely
+                base = replace(base, view_sft=None, sft=TESTBED_SFT,
+                               testbed=TestbedConfig(pool_size=cfg["testbed_pool"]))
             view_sft = None if base.view_sft is None else replace(
                 base.view_sft, seed=cfg["seed"], progress=False, **given(epochs=cfg["view_epochs"]))
             ws = replace(
@@ -94,6 +103,11 @@ def warm_start(
         record = cache.commit("warm_start", fp, {"origin": origin, "run_id": tracker.run_id,
                                                  "policy_digest": tree_digest(work / "policy")})
     copy_tree(cache.entry("warm_start", fp) / "policy", policy.path)
+    Path(testbed.path).mkdir(parents=True, exist_ok=True)
+    for name in ("pool.jsonl", "warmup.jsonl", "testbed.json"):
+        if (cache.entry("warm_start", fp) / name).is_file():
+            copy_tree(cache.entry("warm_start", fp) / name, Path(testbed.path) / name)
+    testbed.metadata.update({"fingerprint": fp})
     policy.metadata.update({"fingerprint": fp, "origin": record["origin"], "run_id": record["run_id"],
                             "dvc_md5": data.metadata.get("dvc_md5", "")})
     return record["origin"]

@@ -100,6 +100,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = run_local(cfg)
     print(f"\n==> finished in {time.perf_counter() - t0:.0f} s (KFP log: {result.log})\n")
     print(result.table)
+    if result.plots:
+        print(f"\nPlots ({Path(result.plots[0]).parent}, and under the compare run's plots/ in MLflow):")
+        for plot in result.plots:
+            print(f"  {plot}")
+        print()
     if cfg.registry.enabled:
         latest = latest_version(result.tracking_uri, cfg.registry.model_name)
         best = champion(result.tracking_uri, cfg.registry.model_name)

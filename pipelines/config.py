@@ -16,15 +16,20 @@ from trace_core.config import from_dict, to_dict
 from trace_core.training.config import TrainConfig
 
 # What the embedded default changes in TrainConfig's own defaults: two CPU cores, a ~2M-parameter
-# warm-started policy, a few short steps per method. Multi-hop QA: its search tool is cheap (the
-# math tool starts a sandbox per call) and the tiny warm-started policy solves some of its tasks.
+# warm-started policy, a few short steps per method, on the embedded testbed (multi-hop QA; see
+# trace_core.warmstart.testbed): the RL pool is the testbed's pool, the predictor is fitted first
+# on its warm-up split. "{testbed}" is the warm-start step's testbed folder, filled in by the
+# train step. GRPO forms M(1+N)/G = 8 groups a step: 4 steps give it 32 groups.
+TESTBED = "{testbed}"
 EMBEDDED_TRAIN: dict[str, Any] = {
-    "steps": 3,
+    "steps": 4,
     "progress": False,
     "policy_model": "runs/pipeline/warm_start/policy",  # replaced by the warm-start step's output
     "output_dir": "runs/pipeline/train",  # replaced per method by the train step
-    "task": {"family": "qa", "data_dir": "data"},
-    "budget": {"roots_M": 8, "expansion_N": 1, "group_size_G": 4, "max_per_prompt": 8, "pool_factor": 2},
+    "task": {"family": "qa", "data_dir": "data", "train_file": f"{TESTBED}/pool.jsonl"},
+    "budget": {"roots_M": 32, "expansion_N": 1, "group_size_G": 8, "max_per_prompt": 8, "pool_factor": 4},
+    "pool_success": {"samples": 2, "at_steps": [0], "at_end": True},
+    "predictor_warmup": {"task_file": f"{TESTBED}/warmup.jsonl", "samples": 4, "updates": 150},
     "engine": {"kind": "vllm", "max_model_len": 2048, "kv_cache_mb": 128},
     "agent": {"max_turns": 5, "max_new_tokens": 96, "max_total_tokens": 2048},  # 2-4 hops + the answer
     "policy": {"lr": 1e-4, "micro_batches": 1, "zero_stage": 2, "dist_backend": "gloo"},
@@ -69,11 +74,16 @@ class WarmStartStepConfig:
 
     from_registry: bool = False  # start from the registered champion (else latest version) when there is one
     families: list[str] = field(default_factory=lambda: ["qa"])  # task families demonstrated (math, qa)
+    # QA demonstrations follow the embedded testbed's plan (trace_core.warmstart.testbed) over its
+    # pool and warm-up split, observed through the real retriever; the step's testbed output holds
+    # pool.jsonl and warmup.jsonl. False: the first train_tasks questions, as before.
+    testbed: bool = True
+    testbed_pool: int = 128  # the testbed's pool size (its other settings are TestbedConfig's pinned defaults)
     train_tasks: int | None = None  # demonstrate the first N training tasks per family (None: all)
     epsilon: float | None = None  # probability that an expert step is wrong (mixed rewards for RL)
     # SFT stage 1: passes over the turn views (the copying skills). 16 over all 400 QA tasks: 3.3% of
     # held-out trajectories succeed, vs 0-2% with 5 (README, "Warm start"); ~8 CPU minutes.
-    view_epochs: float | None = 16.0
+    view_epochs: float | None = 16.0  # (the testbed recipe skips stage 1)
     epochs: float | None = None  # SFT stage 2: passes over the full demonstrations
     lr: float | None = None  # SFT peak learning rate
     batch_size: int | None = None  # demonstrations per SFT step
@@ -153,7 +163,7 @@ class PlatformConfig:
 class PipelineConfig:
     """The whole pipeline: prepare → index → warm start → train (per method) → evaluate → profile → compare."""
 
-    methods: list[str] = field(default_factory=lambda: ["grpo", "trace"])  # trained in parallel (ParallelFor)
+    methods: list[str] = field(default_factory=lambda: ["grpo", "pcl", "trace"])  # trained in parallel (ParallelFor)
     workspace: str = "runs/pipeline"  # persistent outputs + the reuse cache (a PVC mount on a cluster)
     reuse: bool = True  # reuse a step's earlier result when its inputs and settings are unchanged
     data: DataStepConfig = field(default_factory=DataStepConfig)

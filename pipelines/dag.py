@@ -80,7 +80,8 @@ def build_pipeline(cfg: PipelineConfig, platform: bool = True, parallelism: int 
         steps: dict[str, list[Any]] = {"cpu": [data, index, warm], "train": [], "evaluate": [], "light": []}
         with dsl.ParallelFor(methods, parallelism=parallelism, name="methods") as method:
             trained = train(method=method, data=data.outputs["data"], index=index.outputs["index"],
-                            warm_policy=warm.outputs["policy"], train_config=train_config, gpus=gpus, nodes=nodes,
+                            warm_policy=warm.outputs["policy"], testbed=warm.outputs["testbed"],
+                            train_config=train_config, gpus=gpus, nodes=nodes,
                             platform_config=platform_config, kfp_run_id=run_id, **common)
             trained.set_display_name("train")
             evaluated = evaluate(trained=trained.outputs["trained"], data=data.outputs["data"],

@@ -40,6 +40,7 @@ class LocalRun:
     experiment_id: str
     log: Path  # KFP's full output
     wall_s: float
+    plots: list[str]  # the comparison plots (PNG files; also in the compare run's MLflow artifacts)
 
 
 def absolute(cfg: PipelineConfig, root: Path = REPO) -> PipelineConfig:
@@ -132,7 +133,7 @@ def run_local(cfg: PipelineConfig, echo: bool = True) -> LocalRun:
         builtins.print = print_fn
     out = json.loads(task.output)
     return LocalRun(out["table"], out["training_runs"], out["compare_run"], tracking.tracking_uri,
-                    tracking.experiment, experiment_id, log, time.perf_counter() - t0)
+                    tracking.experiment, experiment_id, log, time.perf_counter() - t0, out.get("plots", []))
 
 
 def ui_command(tracking_uri: str, port: int = 5000) -> str:

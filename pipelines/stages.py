@@ -62,6 +62,7 @@ def run_stage(name: str, cfg: PipelineConfig, method: str | None = None, out: Pa
     data = out / "prepare_data" / "data"
     index = out / "build_retriever_index" / "index"
     policy = out / "warm_start" / "policy"
+    testbed = out / "warm_start" / "testbed"
     if name == "prepare_data":
         art = _artifact("dataset", data)
         _fn("prepare_data")(data_config=section_json(cfg.data), kfp_run_id=run_id, data=art, **common)
@@ -73,14 +74,18 @@ def run_stage(name: str, cfg: PipelineConfig, method: str | None = None, out: Pa
         _write_meta(art)
     elif name == "warm_start":
         art = _artifact("model", policy)
+        bed = _artifact("dataset", testbed)
         _fn("warm_start")(data=_read("dataset", data), index=_read("artifact", index),
                           warm_start_config=section_json(cfg.warm_start), agent_config=section_json(cfg.train.agent),
-                          registry_config=section_json(cfg.registry), kfp_run_id=run_id, policy=art, **common)
+                          registry_config=section_json(cfg.registry), kfp_run_id=run_id, policy=art, testbed=bed,
+                          **common)
         _write_meta(art)
+        _write_meta(bed)
     elif name == "train":
         art = _artifact("model", out / "train" / method / "trained")
         _fn("train")(method=method, data=_read("dataset", data), index=_read("artifact", index),
-                     warm_policy=_read("model", policy), train_config=section_json(cfg.train), gpus=0, nodes=1,
+                     warm_policy=_read("model", policy), testbed=_read("dataset", testbed),
+                     train_config=section_json(cfg.train), gpus=0, nodes=1,
                      platform_config=section_json(cfg.platform), kfp_run_id=run_id, trained=art, **common)
         _write_meta(art)
     elif name == "evaluate":

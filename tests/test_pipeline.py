@@ -27,7 +27,8 @@ COMPONENTS = {"prepare-data", "build-retriever-index", "warm-start", "train", "e
 # Small enough for a test, large enough to exercise every path: both methods train one step and
 # are evaluated on a few examples; the transformers engine (no vLLM start-up).
 MINIATURE = [
-    "warm_start.train_tasks=12", "warm_start.view_epochs=2", "warm_start.epochs=1", "warm_start.batch_size=6",
+    "warm_start.testbed_pool=16", "warm_start.epochs=1", "warm_start.batch_size=6",
+    "train.predictor_warmup.samples=2", "train.predictor_warmup.updates=2",
     "train.steps=1", "train.engine.kind=hf", "train.budget.roots_M=4", "train.budget.expansion_N=1",
     "train.budget.group_size_G=2", "train.budget.max_per_prompt=4", "train.budget.pool_factor=1",
     "train.agent.max_new_tokens=16", "train.policy.micro_batches=1",
@@ -83,7 +84,7 @@ def test_compiled_pipeline_has_every_component_edge_resource_and_secret(tmp_path
     assert loop["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--methods"
     assert "register_method" in tasks["condition-2"]["triggerPolicy"]["condition"]
     defaults = spec["root"]["inputDefinitions"]["parameters"]
-    assert defaults["methods"]["defaultValue"] == ["grpo", "trace"]
+    assert defaults["methods"]["defaultValue"] == ["grpo", "pcl", "trace"]
     assert json.loads(defaults["train_config"]["defaultValue"])["budget"]["roots_M"] == 8
     assert defaults["mlflow_uri"]["defaultValue"] == "http://mlflow:5000"  # compile targets the cluster
     assert defaults["workspace"]["defaultValue"] == "/workspace"

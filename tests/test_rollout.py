@@ -170,3 +170,22 @@ def test_bad_arguments_are_errors(engine, tokenizer) -> None:
         executor.run(tasks(1), [1], get_method("grpo"), 0, None, np.random.default_rng(0))
     with pytest.raises(ValueError, match="score_prefixes is required"):
         executor.run(tasks(1), [2], get_method("trace"), 2, None, np.random.default_rng(0))
+
+
+def test_sampling_seed_keys_the_draws_and_repeated_prompts_are_rejected(engine, tokenizer) -> None:
+    """A step's sampling seed reaches every request: the same seed draws the same tokens, another
+    seed (another step, another run) draws others for the same prompt. One prompt twice in one
+    call would share its seeds, so it is an error."""
+    executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT)
+    grpo = get_method("grpo")
+
+    def first(seed):
+        res = executor.run(tasks(2), [4, 4], grpo, 0, None, np.random.default_rng(0), sampling_seed=seed)
+        return [tuple(t.nodes[tr.nodes[0]].token_ids) for t in res.trees for tr in t.trajectories]
+
+    a, b, c = first(11), first(11), first(12)
+    assert a == b
+    assert a != c
+    twice = [tasks(1)[0], tasks(1)[0]]
+    with pytest.raises(ValueError, match="more than once"):
+        executor.run(twice, [2, 2], grpo, 0, None, np.random.default_rng(0))

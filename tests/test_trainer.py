@@ -39,7 +39,8 @@ def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, t
 
     from trace_core.training.trainer import Trainer
 
-    cfg = load_config(TrainConfig, None, tiny_overrides(tiny_models[0], tmp_path / method, server.uri, method))
+    overrides = tiny_overrides(tiny_models[0], tmp_path / method, server.uri, method)
+    cfg = load_config(TrainConfig, None, [*overrides, "predictor.explore_fraction=0.25"])
     trainer = Trainer(cfg, engine=vllm_engine)
     before = {k: v.clone() for k, v in trainer.policy.full_state_dict().items()}
     try:
@@ -51,6 +52,9 @@ def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, t
     assert np.isfinite(final["policy/policy_loss"]) and np.isfinite(final["predictor/loss"])
     assert final["budget/trajectories"] == cfg.budget.spec().total  # equal budget for every method
     assert 0.0 <= final["effective_ratio"] <= 1.0
+    if not METHODS[method].explores_roots and METHODS[method].root_rule is not METHODS["trace"].root_rule:
+        # exploration is the method's own property: uniform roots stay G per selected prompt
+        assert final["alloc/mean_m_selected"] == cfg.budget.group_size_G
     assert any(not torch.equal(before[k], after[k]) for k in before), "the policy weights did not change"
     run = MlflowClient(server.uri).get_run(summary["run_id"])
     assert run.data.tags["method"] == method and run.info.status == "FINISHED"

@@ -529,12 +529,23 @@ def prefixes_random(
 
 @dataclass(frozen=True)
 class Method:
-    """A named allocation method: a root rule and, when it expands, a prefix rule (SPEC §4)."""
+    """A named allocation method: a root rule and, when it expands, a prefix rule (SPEC §4).
+
+    Which rules a method uses are its fields, never something read off its name: a caller asks
+    ``method.explores_roots``, not whether the name starts with "trace"."""
 
     name: str
     root_rule: RootRule
     prefix_rule: PrefixRule | None
     description: str
+    # SPEC §5's explore_fraction (random skipped prompts at m = 2) applies to this method's roots:
+    # TRACE's root rule skips prompts by prediction, and a skipped prompt gets no target, so a
+    # confident wrong prediction is never corrected. Uniform root rules skip nobody by prediction;
+    # PCL is run as published, without exploration.
+    explores_roots: bool = False
+    # Either rule reads the success predictor's scores (PCL and TRACE's roots, TRACE's prefixes):
+    # such a method is worth fitting the predictor for before RL (a warm-up); the others ignore it.
+    uses_predictor: bool = False
 
     @property
     def expands(self) -> bool:
@@ -580,8 +591,12 @@ def get_method(name: str) -> Method:
 
 
 register_method(Method("grpo", roots_uniform_all, None, "uniform: M(1+N)/G random prompts × G, no expansion"))
-register_method(Method("pcl", roots_pcl, None, "M(1+N)/G prompts with v nearest 0.5 × G, no expansion"))
+register_method(Method("pcl", roots_pcl, None, "M(1+N)/G prompts with v nearest 0.5 × G, no expansion",
+                       uses_predictor=True))
 register_method(Method("treepo", roots_uniform, prefixes_random, "M/G random prompts × G; random anchors"))
-register_method(Method("trace", roots_trace, prefixes_trace, "exact SPEC §2 roots; exact SPEC §3 prefixes"))
-register_method(Method("trace-root-only", roots_trace, prefixes_random, "exact SPEC §2 roots; random anchors"))
-register_method(Method("trace-prefix-only", roots_uniform, prefixes_trace, "M/G random prompts × G; exact §3"))
+register_method(Method("trace", roots_trace, prefixes_trace, "exact SPEC §2 roots; exact SPEC §3 prefixes",
+                       explores_roots=True, uses_predictor=True))
+register_method(Method("trace-root-only", roots_trace, prefixes_random, "exact SPEC §2 roots; random anchors",
+                       explores_roots=True, uses_predictor=True))
+register_method(Method("trace-prefix-only", roots_uniform, prefixes_trace, "M/G random prompts × G; exact §3",
+                       uses_predictor=True))

@@ -88,6 +88,63 @@ def contrastive_yield(trees: Sequence[RolloutTree], advantages: Sequence[ArrayLi
     return 100.0 * useful / total if total else float("nan")
 
 
+@dataclass(frozen=True)
+class ContrastCounts:
+    """The counts behind a step's contrast ratios, so that ratios over several steps (or seeds) are
+    pooled as counts, and intervals drawn from them, instead of averaging ratios."""
+
+    activated: int  # prompts with at least one finished trajectory
+    mixed: int  # of those, prompts whose tree holds both a success and a failure (a mixed group)
+    expanded_anchors: int  # anchors that received continuations
+    mixed_anchors: int  # of those, anchors whose branch group holds both outcomes
+    trajectories: int  # finished trajectories (bare rollouts and continuations): the rollouts spent
+
+    @property
+    def mixed_per_100_rollouts(self) -> float:
+        """Mixed groups per 100 rollouts spent (NaN with no rollout)."""
+        return 100.0 * self.mixed / self.trajectories if self.trajectories else float("nan")
+
+    @property
+    def rollouts_per_mixed_group(self) -> float:
+        """Rollouts spent per mixed group: the price of one informative group (NaN with none)."""
+        return self.trajectories / self.mixed if self.mixed else float("nan")
+
+
+def contrast_counts(trees: Sequence[RolloutTree]) -> ContrastCounts:
+    """:class:`ContrastCounts` of one step's trees (the numerators and denominators of
+    :func:`effective_ratio` and :func:`prefix_effective_ratio`)."""
+    activated = mixed = anchors = mixed_anchors = trajectories = 0
+    for tree in _check_trees(trees):
+        o = tree.outcomes()
+        trajectories += int(o.size)
+        if o.size:
+            activated += 1
+            mixed += _both_outcomes(o)
+        for anchor in tree.expanded_anchors():
+            group = [tree.trajectories[j] for j in tree.branch_group(anchor)]
+            anchors += 1
+            mixed_anchors += _both_outcomes(np.array([tree.trajectory_reward(t.id) for t in group if t.finished]))
+    return ContrastCounts(activated, mixed, anchors, mixed_anchors, trajectories)
+
+
+WILSON_Z90 = 1.6448536269514722  # two-sided 90%: the standard normal's 95th percentile
+
+
+def wilson_interval(successes: int, n: int, z: float = WILSON_Z90) -> tuple[float, float]:
+    """Wilson score interval for a binomial share ``successes / n`` (90% by default); (NaN, NaN)
+    when ``n == 0``. Unlike the normal approximation it stays inside [0, 1] and is sensible at
+    0 and n, which small per-run counts of mixed groups often are."""
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if n == 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
 # ---------------------------------------------------------------------------- predictor
 def spearman(pred: ArrayLike, target: ArrayLike) -> float:
     """Spearman rank correlation of ``pred`` and ``target`` (ties take average ranks).

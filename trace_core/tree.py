@@ -16,8 +16,12 @@ the recursive quantities below are computed in one reverse sweep over the ids.
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -339,3 +343,24 @@ class RolloutTree:
         if not 0 <= trajectory < len(self.trajectories):
             raise ValueError(f"trajectory {trajectory} does not exist in prompt {self.prompt_id!r}")
         return self.trajectories[trajectory]
+
+
+# ---------------------------------------------------------------------- files of trees
+def save_trees(path: str | Path, trees: Sequence[RolloutTree]) -> Path:
+    """Write ``trees`` as gzip-compressed JSON lines, one tree per line in its lossless format
+    (:meth:`RolloutTree.to_json`). Written to a temporary name and renamed, so a reader never
+    sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        for tree in trees:
+            f.write(tree.to_json() + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_trees(path: str | Path) -> list[RolloutTree]:
+    """The trees of a :func:`save_trees` file, in order (each validated)."""
+    with gzip.open(Path(path), "rt", encoding="utf-8") as f:
+        return [RolloutTree.from_json(line) for line in f if line.strip()]

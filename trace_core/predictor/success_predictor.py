@@ -144,6 +144,23 @@ class SuccessPredictor:
         self.updates += 1
         return stats
 
+    def fit(self, trees: Sequence[RolloutTree], updates: int) -> dict[str, float]:
+        """``updates`` rounds of :meth:`update`'s training on the same trees, without its
+        diagnostics: fitting the predictor before RL on a warm-up split's trees. Each round draws
+        its own examples (the prefix share applies per round). Returns the last round's stats and
+        ``first_loss``."""
+        trees = list(trees)
+        candidates = supervised_set(trees, self.config.min_leaves)
+        stats: dict[str, float] = {}
+        first = float("nan")
+        for i in range(updates):
+            examples, n_prefixes = sample_examples(candidates, self.config.prefix_share, self.rng)
+            stats = self.fit_examples(trees, examples)
+            stats.update(n_roots=float(len(candidates.roots)), n_prefixes=float(n_prefixes))
+            if i == 0:
+                first = stats["loss"]
+        return {**stats, "first_loss": first, "updates": float(updates)}
+
     def _complete_predictions(
         self, trees: list[RolloutTree], predictions: Sequence[np.ndarray], nodes: list[list[int]]
     ) -> list[np.ndarray]:

@@ -21,7 +21,6 @@ comparable: each step reports trajectories and generated tokens per prompt.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,11 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import Method
+from trace_core.allocation import Method, roots_uniform_all
 from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
 from trace_core.rollout.engine import Completion, GenerationRequest, RolloutEngine, Sample, SamplingConfig
 from trace_core.rollout.env import Action, Environment, Episode, Observation, Task, parse_action
+from trace_core.seeding import derive_seed
 from trace_core.tree import ROOT, RolloutTree
+
+# Bare rollouts only, m given by the caller (measurements, evaluation): no prefix rule, so no
+# expansion whatever expansion_N says; its root rule is never called by the executor.
+NO_EXPANSION = Method("bare-rollouts", roots_uniform_all, None, "the caller's m bare rollouts, no expansion")
 
 # Scores prefixes of one tree: (tree, node ids) -> predicted success probabilities in [0, 1].
 PrefixScorer = Callable[[RolloutTree, Sequence[int]], np.ndarray]
@@ -127,10 +131,22 @@ class TreeRolloutExecutor:
         expansion_N: int,
         score_prefixes: PrefixScorer | None,
         rng: np.random.Generator,
+        sampling_seed: int | None = None,
     ) -> RolloutResult:
-        """Grow one tree per task with ``m[i] > 0``; see the module docstring."""
+        """Grow one tree per task with ``m[i] > 0``; see the module docstring.
+
+        ``sampling_seed`` keys this run's sampling: every request's seed is derived from it, the
+        prompt, the trajectory and the node, so one call is reproducible and two calls with
+        different seeds (two training steps, two runs) draw different tokens for the same
+        prompt. None: ``agent.seed`` (a one-off measurement). A trainer passes a seed derived from
+        its run seed and the step (:func:`trace_core.seeding.derive_seed`)."""
         if len(tasks) != len(m):
             raise ValueError(f"tasks ({len(tasks)}) and m ({len(m)}) must have the same length")
+        active_ids = [t.id for t, mi in zip(tasks, m, strict=True) if int(mi) > 0]
+        if len(set(active_ids)) != len(active_ids):
+            repeated = sorted({i for i in active_ids if active_ids.count(i) > 1})
+            raise ValueError(f"tasks {repeated} appear more than once among the activated prompts: one tree per "
+                             "prompt (a repeated prompt would draw the same seeds and the same rollouts)")
         if any(int(x) < 0 or int(x) == 1 for x in m):
             raise ValueError("m must hold 0 or values >= 2 (a single rollout forms no group)")
         if expansion_N < 0:
@@ -140,6 +156,7 @@ class TreeRolloutExecutor:
         if self.engine.num_pending:
             raise ValueError(f"the engine has {self.engine.num_pending} pending requests; it must be idle")
         self._rng = rng
+        self._sampling_seed = self.agent.seed if sampling_seed is None else int(sampling_seed)
         self._method = method
         self._scorer = score_prefixes
         self._stats = RolloutStats()
@@ -211,7 +228,7 @@ class TreeRolloutExecutor:
         sampling = SamplingConfig(
             n=len(trajs), max_new_tokens=min(self.agent.max_new_tokens, room),
             temperature=self.agent.temperature, top_p=self.agent.top_p,
-            seed=_derive_seed(self.agent.seed, state.task.id, trajs[0].traj, node), stop=self.agent.stop,
+            seed=derive_seed(self._sampling_seed, state.task.id, trajs[0].traj, node), stop=self.agent.stop,
         )
         self._requests[rid] = trajs
         self._stats.requests += 1
@@ -345,11 +362,6 @@ def _timed_step(env: Environment, action: Action) -> tuple[Observation, float]:
     t = time.perf_counter()
     obs = env.step(action)
     return obs, time.perf_counter() - t
-
-
-def _derive_seed(base: int, prompt_id: str, trajectory: int, node: int) -> int:
-    digest = hashlib.sha256(f"{base}|{prompt_id}|{trajectory}|{node}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)

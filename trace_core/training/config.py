@@ -57,6 +57,45 @@ class EngineSettings:
 
 
 @dataclass
+class PoolSuccessConfig:
+    """Pool success: the mean success over the *whole* training pool, from ``samples`` bare
+    rollouts per prompt at the agent's temperature, with one seed for every method, run and step
+    (common random numbers: the figures differ only by the policy). Unlike the training reward it
+    does not depend on which prompts a method chose to roll out. Its rollouts are measurement,
+    not training budget, and are reported apart."""
+
+    samples: int = 0  # k rollouts per pool prompt (0: not measured)
+    at_steps: list[int] = field(default_factory=lambda: [0])  # measured before these steps (0 = the start)
+    at_end: bool = True  # and after the last step
+    seed: int = 0  # the measurement's sampling seed (the same for every method and run seed)
+
+    def __post_init__(self) -> None:
+        if self.samples < 0 or self.samples == 1:
+            raise ValueError(f"pool_success.samples must be 0 (off) or >= 2, got {self.samples}")
+        if any(s < 0 for s in self.at_steps):
+            raise ValueError(f"pool_success.at_steps must be steps >= 0, got {self.at_steps}")
+
+
+@dataclass
+class PredictorWarmupConfig:
+    """Fit the success predictor before RL on a **warm-up split**: questions made like the pool
+    but disjoint from it (the testbed's ``warmup.jsonl``). The starting policy rolls each out
+    ``samples`` times; the predictor takes ``updates`` updates on those trees. Only methods whose
+    rules read the predictor warm it up; its rollouts are reported apart from the training budget."""
+
+    task_file: str | None = None  # normalized JSONL of the warm-up questions (None: no warm-up, a cold predictor)
+    samples: int = 4  # bare rollouts per warm-up question (>= 2: a tree-backed target needs a group)
+    updates: int = 150  # training rounds over the warm-up trees (the tiny predictor's loss has settled by then)
+    seed: int = 0  # the warm-up rollouts' sampling seed (the same for every method and run seed)
+
+    def __post_init__(self) -> None:
+        if self.samples < 2:
+            raise ValueError(f"predictor_warmup.samples must be >= 2, got {self.samples}")
+        if self.updates < 0:
+            raise ValueError(f"predictor_warmup.updates must be >= 0, got {self.updates}")
+
+
+@dataclass
 class TrainConfig:
     """A training run (SPEC §2–§7). Every field can be overridden as ``section.key=value``."""
 
@@ -68,7 +107,6 @@ class TrainConfig:
     output_dir: str = "runs/train/trace"  # checkpoints, spool, summary and plots
     checkpoint_every: int = 1  # steps between checkpoints (a step is logged once checkpointed)
     keep_checkpoints: int = 2  # most recent checkpoints kept on disk
-    sample_trees: int = 1  # rollout trees logged as JSON artifacts per step
     progress: bool = True  # progress bars
     task: TaskConfig = field(default_factory=TaskConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
@@ -77,6 +115,8 @@ class TrainConfig:
     policy: PolicyTrainConfig = field(default_factory=PolicyTrainConfig)
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    pool_success: PoolSuccessConfig = field(default_factory=PoolSuccessConfig)
+    predictor_warmup: PredictorWarmupConfig = field(default_factory=PredictorWarmupConfig)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

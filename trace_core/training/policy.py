@@ -2,7 +2,8 @@
 
 Every rank receives the same list of trees and advantages (the rollout result); the trees are
 split deterministically into ``world_size × micro_batches`` groups balanced by token count, each
-group one packed forward (shared prefixes trained once). The loss of a group is its summed token
+group one backward over one packed forward per tree (shared prefixes trained once; attention
+never crosses trees, so trees are not packed together). The loss of a group is its summed token
 losses divided by the step's total number of model-written tokens, scaled so that DeepSpeed's
 division by the accumulation steps and its averaging over ranks give exactly the gradient of the
 step's token-mean loss — the same update whatever the number of processes or the ZeRO stage.
@@ -26,7 +27,6 @@ from trace_core.training.ppo import (
     PPOLossConfig,
     pack_trees_for_training,
     ppo_clip_token_losses,
-    token_logprobs,
 )
 from trace_core.tree import RolloutTree
 
@@ -143,19 +143,33 @@ class PolicyOptimizer:
 
     # ------------------------------------------------------------------ forward pieces
     def _logprobs(self, model: torch.nn.Module, pack, targets: PackedTargets) -> torch.Tensor:
+        """Log-probs of the pack's model-written tokens (0 elsewhere: nothing reads them). The
+        LM head runs only at their predecessors (``logits_to_keep``), not at every packed token."""
         ids = torch.as_tensor(pack.token_ids, device=self.device)
         pos = torch.as_tensor(pack.position_ids, device=self.device)[None]
         mask = tree_attention_mask(pack, self.device, self.config.attn_implementation)
-        out = model(input_ids=ids[None], position_ids=pos, attention_mask={"full_attention": mask}, use_cache=False)
         pred = torch.as_tensor(targets.predecessor, device=self.device)
-        return token_logprobs(out.logits[0], ids, pred)
+        wanted = torch.as_tensor(targets.loss_mask, device=self.device) & (pred >= 0)
+        keep, row = torch.unique(pred[wanted], return_inverse=True)
+        out = model(input_ids=ids[None], position_ids=pos, attention_mask={"full_attention": mask}, use_cache=False,
+                    logits_to_keep=keep)
+        logp = torch.log_softmax(out.logits[0].float(), dim=-1)[row, ids[wanted]]
+        return torch.zeros(ids.shape, dtype=logp.dtype, device=self.device).masked_scatter(wanted, logp)
 
-    def _my_groups(self, trees: Sequence[RolloutTree]) -> tuple[list[list[int]], int]:
+    def _my_groups(self, trees: Sequence[RolloutTree]) -> tuple[list[list[int]], list[int], int]:
+        """This rank's groups, the number of forwards each of its micro-batches makes (the most
+        trees any rank has in that micro-batch: under ZeRO-3 every forward gathers parameters
+        collectively, so all ranks must make the same number), and the step's token count."""
         counts = [t.num_generated_tokens() for t in trees]
-        n_groups = self.world_size * self.config.micro_batches
-        groups = split_groups(counts, n_groups)
-        mine = groups[self.rank * self.config.micro_batches:(self.rank + 1) * self.config.micro_batches]
-        return mine, int(sum(counts))
+        mb = self.config.micro_batches
+        groups = split_groups(counts, self.world_size * mb)
+        mine = groups[self.rank * mb:(self.rank + 1) * mb]
+        forwards = [max(len(groups[r * mb + j]) for r in range(self.world_size)) for j in range(mb)]
+        return mine, forwards, int(sum(counts))
+
+    def _idle_forward(self, model: torch.nn.Module) -> torch.Tensor:
+        """A one-token forward (its logits), for a rank with fewer trees than another."""
+        return model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False).logits
 
     # ------------------------------------------------------------------ the update
     def update(self, trees: Sequence[RolloutTree], advantages: Sequence[np.ndarray]) -> dict[str, float]:
@@ -163,64 +177,72 @@ class PolicyOptimizer:
         ``ppo_epochs`` optimizer steps of the clipped surrogate (token-mean)."""
         if len(trees) != len(advantages):
             raise ValueError(f"trees ({len(trees)}) and advantages ({len(advantages)}) must match")
-        groups, total_tokens = self._my_groups(trees)
+        groups, forwards, total_tokens = self._my_groups(trees)
         if total_tokens == 0:
             raise ValueError("the trees hold no model-written tokens to train on")
-        packed: list[tuple[Any, PackedTargets] | None] = []
+        # One pack per tree: attention never crosses trees, so packing a group's trees together
+        # only grows the dense mask quadratically (Σ L_i)² instead of Σ L_i². A group is still one
+        # backward (its trees' losses summed), so the update is the same.
+        packed: list[list[tuple[Any, PackedTargets]] | None] = []
         for g in groups:
             if not g:
                 packed.append(None)
                 continue
-            (pack, targets), *rest = pack_trees_for_training(
-                [trees[i] for i in g], [advantages[i] for i in g], max_tokens_per_forward=1 << 62
-            )
-            assert not rest
-            packed.append((pack, targets))
+            packed.append([pack_trees_for_training([trees[i]], [advantages[i]], max_tokens_per_forward=1 << 62)[0]
+                           for i in g])
         # Old log-probs from the training model (the engine's may differ: kernels, dtype).
-        old: list[torch.Tensor | None] = []
-        ref: list[torch.Tensor | None] = []
+        old: list[list[torch.Tensor] | None] = []
+        ref: list[list[torch.Tensor | None] | None] = []
         gap_sum, gap_n = 0.0, 0
         self.engine.eval()
         with torch.no_grad():
-            for item in packed:
+            for item, n_forwards in zip(packed, forwards, strict=True):
+                for _ in range(n_forwards - len(item or [])):
+                    self._idle_forward(self.engine)
+                    if self.ref_model is not None:
+                        self._idle_forward(self.ref_model)
                 if item is None:
                     old.append(None)
                     ref.append(None)
                     continue
-                pack, targets = item
-                lp = self._logprobs(self.engine, pack, targets)
-                m = torch.as_tensor(targets.loss_mask, device=self.device)
-                engine_lp = torch.as_tensor(targets.old_logprob, device=self.device)
-                gap_sum += float((lp - engine_lp).abs()[m].sum())
-                gap_n += int(m.sum())
-                old.append(lp)
-                ref.append(self._logprobs(self.ref_model, pack, targets) if self.ref_model is not None else None)
+                old.append([])
+                ref.append([])
+                for pack, targets in item:
+                    lp = self._logprobs(self.engine, pack, targets)
+                    m = torch.as_tensor(targets.loss_mask, device=self.device)
+                    engine_lp = torch.as_tensor(targets.old_logprob, device=self.device)
+                    gap_sum += float((lp - engine_lp).abs()[m].sum())
+                    gap_n += int(m.sum())
+                    old[-1].append(lp)
+                    ref[-1].append(self._logprobs(self.ref_model, pack, targets) if self.ref_model is not None
+                                   else None)
         self.engine.train()
         # Scale: DeepSpeed divides by the accumulation steps and averages over ranks.
         scale = self.config.micro_batches * self.world_size / total_tokens
         stats = {"policy_loss": 0.0, "clip_frac": 0.0, "kl": 0.0}
         for _ in range(self.config.ppo_epochs):
-            for item, old_lp, ref_lp in zip(packed, old, ref, strict=True):
+            for item, old_lp, ref_lp, n_forwards in zip(packed, old, ref, forwards, strict=True):
+                # A rank with fewer trees in this micro-batch (or none) still makes the same
+                # forwards and joins the collective gradient reduction: one-token, zero-loss ones.
+                loss = torch.zeros((), device=self.device)
+                for _ in range(max(1, n_forwards) - len(item or [])):
+                    loss = loss + self._idle_forward(self.engine).sum() * 0.0
                 if item is None:
-                    # An idle micro-batch (fewer trees than groups) still joins the collective
-                    # gradient reduction: a one-token forward with zero loss.
-                    out = self.engine(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device),
-                                      use_cache=False)
-                    self.engine.backward(out.logits.sum() * 0.0)
+                    self.engine.backward(loss)
                     self.engine.step()
                     continue
-                pack, targets = item
-                lp = self._logprobs(self.engine, pack, targets)
-                m = torch.as_tensor(targets.loss_mask, device=self.device)
-                adv = torch.as_tensor(targets.advantage, device=self.device)
-                token_loss, s = ppo_clip_token_losses(lp, old_lp, adv, self.config.ppo, ref_lp)
-                loss = (token_loss * m).sum() * scale
+                for (pack, targets), tree_old, tree_ref in zip(item, old_lp, ref_lp, strict=True):
+                    lp = self._logprobs(self.engine, pack, targets)
+                    m = torch.as_tensor(targets.loss_mask, device=self.device)
+                    adv = torch.as_tensor(targets.advantage, device=self.device)
+                    token_loss, s = ppo_clip_token_losses(lp, tree_old, adv, self.config.ppo, tree_ref)
+                    loss = loss + (token_loss * m).sum() * scale
+                    stats["policy_loss"] += float((token_loss.detach() * m).sum()) / total_tokens
+                    stats["clip_frac"] += float((s["clip_frac"] * m).sum()) / total_tokens
+                    if "kl" in s:
+                        stats["kl"] += float((s["kl"] * m).sum()) / total_tokens
                 self.engine.backward(loss)
                 self.engine.step()
-                stats["policy_loss"] += float((token_loss.detach() * m).sum()) / total_tokens
-                stats["clip_frac"] += float((s["clip_frac"] * m).sum()) / total_tokens
-                if "kl" in s:
-                    stats["kl"] += float((s["kl"] * m).sum()) / total_tokens
             self.updates += 1
         epochs = self.config.ppo_epochs
         stats = {k: v / epochs for k, v in stats.items()}

@@ -15,7 +15,8 @@ import os
 import pickle
 import shutil
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +29,22 @@ from trace_core.config import flatten
 from trace_core.metrics import (
     allocation_stats,
     anchor_allocation,
+    contrast_counts,
     contrastive_yield,
     effective_ratio,
+    is_success,
     prefix_effective_ratio,
     reward_stats,
 )
 from trace_core.rollout.agent import render_prompt
 from trace_core.rollout.env import FixedTurnsEnvironment, Task
 from trace_core.rollout.executor import TreeRolloutExecutor
+from trace_core.seeding import derive_seed
 from trace_core.tracking import MLflowTracker, Tracker
 from trace_core.training.config import TrainConfig
 from trace_core.training.policy import PolicyOptimizer
 from trace_core.training.profiler import PhaseProfiler
+from trace_core.tree import save_trees
 
 STATE_FILE = "trainer_state.json"
 
@@ -79,9 +84,16 @@ class TrainerState:
     step: int = 0  # next step to run
     epoch: int = 0  # data cursor: pass over the prompts
     position: int = 0  # data cursor: index in this epoch's order
+    order: list[int] | None = None  # this epoch's prompt order (None: not drawn yet)
     run_id: str | None = None  # MLflow run
     history: dict[str, list[float]] | None = None  # per-step metrics kept for the plots
     pending: list[dict[str, Any]] = field(default_factory=list)  # steps checkpointed, not yet logged
+    # files under the output dir that checkpointed steps wrote and the tracker has not yet taken
+    # (each step's trees, its allocation record), as [relative path, artifact folder]
+    pending_files: list[list[str]] = field(default_factory=list)
+    # pool success measured so far: {"step": s (after s updates), "success", "rollouts", "generated_tokens"}
+    pool_success: list[dict[str, float]] = field(default_factory=list)
+    warmup: dict[str, float] | None = None  # the predictor warm-up's figures, once it ran
 
 
 class Trainer:
@@ -120,7 +132,7 @@ class Trainer:
             self.engine.load_weights(self.policy.full_state_dict())
         from trace_core.predictor import SuccessPredictor
 
-        self.predictor = SuccessPredictor(cfg.predictor)
+        self.predictor = SuccessPredictor(replace(cfg.predictor, seed=predictor_seed(cfg.seed, cfg.predictor.seed)))
         if latest is not None:
             self.policy.load_checkpoint(latest / "policy", tag="policy")
             self.predictor.load_state_dict(torch.load(latest / "predictor.pt", weights_only=False))
@@ -128,7 +140,9 @@ class Trainer:
         self.tracker = tracker if tracker is not None else self._build_tracker()
         self.executor = TreeRolloutExecutor(self.engine, self.tokenizer, self.env_factory, cfg.agent)
         self._prompt_ids: dict[str, list[int]] = {}
-        self._pending_trees: list[tuple[int, Any]] = []
+
+    def sampling_seed(self, step: int) -> int:
+        return step_sampling_seed(self.cfg.seed, self.cfg.agent.seed, step)
 
     # ------------------------------------------------------------------ construction
     def _build_engine(self):
@@ -160,22 +174,73 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
     def _next_pool(self) -> list[Task]:
-        """The next ``pool_size`` prompts of a seeded per-epoch order (the data cursor)."""
-        pool: list[Task] = []
-        while len(pool) < self.spec.pool_size:
-            order = np.random.default_rng([self.cfg.seed, self.state.epoch]).permutation(len(self.tasks))
-            take = order[self.state.position: self.state.position + self.spec.pool_size - len(pool)]
-            pool += [self.tasks[i] for i in take]
-            self.state.position += len(take)
-            if self.state.position >= len(self.tasks):
-                self.state.epoch, self.state.position = self.state.epoch + 1, 0
-        return pool
+        """The next ``pool_size`` prompts of the data cursor, never one prompt twice in a pool."""
+        if self.state.order is None:
+            self.state.order = epoch_order(len(self.tasks), self.cfg.seed, self.state.epoch, [])
+        taken, self.state.order, self.state.epoch, self.state.position = next_pool(
+            self.state.order, self.state.epoch, self.state.position, self.spec.pool_size, self.cfg.seed)
+        return [self.tasks[i] for i in taken]
 
     def _prompt_tokens(self, task: Task) -> list[int]:
         if task.id not in self._prompt_ids:
             env = self.env_factory(task)
             self._prompt_ids[task.id] = render_prompt(self.tokenizer, task, env.tool_descriptions(), self.cfg.agent)
         return self._prompt_ids[task.id]
+
+    # ------------------------------------------------------------------ measurement and warm-up
+    def _bare_rollouts(self, tasks: list[Task], samples: int, seed: int):
+        """``samples`` bare rollouts of every task, no expansion, sampled with ``seed``."""
+        from trace_core.rollout.executor import NO_EXPANSION
+
+        return self.executor.run(tasks, [samples] * len(tasks), NO_EXPANSION, 0, None,
+                                 np.random.default_rng(seed), sampling_seed=seed)
+
+    def measure_pool_success(self, step: int) -> dict[str, float]:
+        """Pool success after ``step`` updates (:class:`PoolSuccessConfig`); its per-prompt figures
+        go to ``pool_success/step<step>.json``."""
+        ps = self.cfg.pool_success
+        result = self._bare_rollouts(self.tasks, ps.samples, derive_seed("pool_success", ps.seed))
+        per_prompt = {t.prompt_id: float(np.mean(is_success(t.outcomes()))) for t in result.trees}
+        record = {"step": float(step), "success": float(np.mean(list(per_prompt.values()))),
+                  "rollouts": float(result.stats.trajectories),
+                  "generated_tokens": float(result.stats.generated_tokens)}
+        path = self.out / "pool_success" / f"step{step:05d}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**record, "samples": ps.samples, "per_prompt": per_prompt}))
+        self.state.pool_success.append(record)
+        self.state.pending.append({"step": step, "timestamp": int(time.time() * 1000),
+                                   "metrics": {"pool/success": record["success"], "pool/rollouts": record["rollouts"]}})
+        self.state.pending_files.append([f"pool_success/step{step:05d}.json", "pool_success"])
+        return record
+
+    def _pool_success_due(self, step: int) -> bool:
+        ps = self.cfg.pool_success
+        wanted = step in ps.at_steps or (ps.at_end and step == self.cfg.steps)
+        return ps.samples > 0 and wanted and all(int(r["step"]) != step for r in self.state.pool_success)
+
+    def warm_up_predictor(self) -> dict[str, float]:
+        """Fit the predictor on the warm-up split before RL (:class:`PredictorWarmupConfig`)."""
+        w = self.cfg.predictor_warmup
+        from trace_core.data.validation import load_validated
+        from trace_core.envs.registry import example_to_task
+
+        tasks = [example_to_task(e) for e in load_validated(Path(w.task_file))]  # type: ignore[arg-type]
+        pool_ids = {t.id for t in self.tasks}
+        shared = sorted(pool_ids & {t.id for t in tasks})
+        if shared:
+            raise ValueError(f"predictor_warmup.task_file shares {len(shared)} questions with the training pool "
+                             f"(e.g. {shared[0]!r}): the warm-up split must be disjoint from it")
+        t0 = time.perf_counter()
+        result = self._bare_rollouts(tasks, w.samples, derive_seed("predictor_warmup", w.seed))
+        fit = self.predictor.fit(result.trees, w.updates)
+        save_trees(self.out / "warmup_trees.jsonl.gz", result.trees)
+        self.state.pending_files.append(["warmup_trees.jsonl.gz", "warmup"])
+        self.state.warmup = {"rollouts": float(result.stats.trajectories), "questions": float(len(tasks)),
+                             "generated_tokens": float(result.stats.generated_tokens),
+                             "success": float(np.mean([np.mean(is_success(t.outcomes())) for t in result.trees])),
+                             "first_loss": fit["first_loss"], "last_loss": fit["loss"],
+                             "updates": float(w.updates), "wall_s": time.perf_counter() - t0}
+        return self.state.warmup
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
@@ -184,7 +249,7 @@ class Trainer:
         with prof.phase("predictor_scoring"):
             v = self.predictor.score_histories([self._prompt_tokens(t) for t in pool])
         m = self.method.allocate_roots(v, self.spec, self.rng)
-        if cfg.predictor.explore_fraction > 0 and self.method.name.startswith("trace"):
+        if cfg.predictor.explore_fraction > 0 and self.method.explores_roots:
             from trace_core.predictor.explore import explore_roots
 
             m = explore_roots(m, v, cfg.predictor.explore_fraction, self.rng, self.spec.max_per_prompt)
@@ -195,7 +260,7 @@ class Trainer:
 
         with prof.phase("rollout"):
             result = self.executor.run(pool, m.tolist(), self.method, self.spec.expansion_N, score_prefixes,
-                                       self.rng)
+                                       self.rng, sampling_seed=self.sampling_seed(self.state.step))
         # Wall-time attribution: the executor's loop is either in the engine, in the prefix scorer,
         # or outside both (tool steps and restores, waiting for tool threads). stats.tool_s sums
         # the tool threads' own durations, which overlap each other and the engine, so it is no
@@ -224,10 +289,18 @@ class Trainer:
         k, pos = anchor_allocation(trees)
         alloc = allocation_stats(m, k, pos, trees)
         rs_all, rs_bare = reward_stats(trees, "all"), reward_stats(trees, "bare")
+        counts = contrast_counts(trees)
         metrics = {
             "effective_ratio": effective_ratio(trees),
             "prefix_effective_ratio": prefix_effective_ratio(trees),
             "contrastive_yield": contrastive_yield(trees, advantages),
+            "mixed_groups_per_100_rollouts": counts.mixed_per_100_rollouts,
+            "rollouts_per_mixed_group": counts.rollouts_per_mixed_group,
+            "counts/activated": float(counts.activated),
+            "counts/mixed_groups": float(counts.mixed),
+            "counts/expanded_anchors": float(counts.expanded_anchors),
+            "counts/mixed_anchors": float(counts.mixed_anchors),
+            "counts/rollouts": float(counts.trajectories),
             "alloc/skipped_share": alloc.skipped_share,
             "alloc/mean_m_selected": alloc.mean_m_selected,
             "alloc/mean_rollouts_selected": alloc.mean_rollouts_selected,
@@ -244,7 +317,9 @@ class Trainer:
         }
         for b, kk in enumerate(alloc.k_by_position):
             metrics[f"alloc/k_position_bin{b}"] = float(kk)
-        return {"_trees": trees, "_m": m, **metrics}  # type: ignore[dict-item]
+        allocation = {"pool": [t.id for t in pool], "v": [float(x) for x in v], "m": [int(x) for x in m],
+                      "k_by_position": [int(x) for x in alloc.k_by_position]}
+        return {"_trees": trees, "_m": m, "_allocation": allocation, **metrics}  # type: ignore[dict-item]
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, Any]:
@@ -258,17 +333,34 @@ class Trainer:
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.method}",
                    disable=not cfg.progress, unit="step")
         last: dict[str, float] = {}
+        if (start == 0 and self.state.warmup is None and self.method.uses_predictor
+                and cfg.predictor_warmup.task_file):
+            w = self.warm_up_predictor()
+            print(f"predictor warm-up: {w['rollouts']:.0f} rollouts on {w['questions']:.0f} questions, "
+                  f"loss {w['first_loss']:.3f} -> {w['last_loss']:.3f} in {w['wall_s']:.0f} s", flush=True)
         for step in bar:
+            if self._pool_success_due(step):
+                self.measure_pool_success(step)
             out = self.train_step()
             trees = out.pop("_trees")
             out.pop("_m")
+            allocation = out.pop("_allocation")
             # This step's phases, plus the previous step's checkpoint and logging.
             metrics = {**out, **self.profiler.end_step()}
             self.state.step = step + 1
             for key, value in metrics.items():
                 self.state.history.setdefault(key, []).append(float(value))  # type: ignore[union-attr]
             self.state.pending.append({"step": step, "timestamp": int(time.time() * 1000), "metrics": metrics})
-            self._pending_trees += [(step, t) for t in trees[: cfg.sample_trees]]
+            # Every tree of the step, and its allocation, on disk before the checkpoint that
+            # records them as pending: a crash after it loses neither.
+            save_trees(self.out / "trees" / f"step{step:05d}.jsonl.gz", trees)
+            alloc_file = self.out / "allocations" / f"step{step:05d}.json"
+            alloc_file.parent.mkdir(parents=True, exist_ok=True)
+            alloc_file.write_text(json.dumps({"step": step, **allocation}))
+            self.state.pending_files += [[f"trees/step{step:05d}.jsonl.gz", "trees"],
+                                         [f"allocations/step{step:05d}.json", "allocations"]]
+            if self._pool_success_due(self.state.step):  # after the last step, before its checkpoint
+                self.measure_pool_success(self.state.step)
             if self.state.step % cfg.checkpoint_every == 0 or self.state.step == cfg.steps:
                 with self.profiler.phase("checkpoint"):
                     self._save_checkpoint()
@@ -281,10 +373,11 @@ class Trainer:
     def _log_pending(self) -> None:
         for rec in self.state.pending:
             self.tracker.log_metrics(rec["metrics"], rec["step"], timestamp=rec["timestamp"])
-        for step, tree in self._pending_trees:
-            self.tracker.log_dict(tree.to_dict(), f"trees/step{step:05d}_{_safe(tree.prompt_id)}.json")
+        for rel, folder in self.state.pending_files:
+            if (self.out / rel).is_file():
+                self.tracker.log_artifact(self.out / rel, folder)
         self.state.pending = []
-        self._pending_trees = []
+        self.state.pending_files = []
 
     def _finish(self, last: dict[str, float]) -> dict[str, Any]:
         from trace_core.training.plots import training_plots
@@ -294,7 +387,8 @@ class Trainer:
         table = self.profiler.table()
         (self.out / "cost_breakdown.txt").write_text(table + "\n")
         summary = {"method": self.cfg.method, "steps": self.state.step, "run_id": self.tracker.run_id,
-                   "final": last, "cost_fractions": self.profiler.fractions()}
+                   "final": last, "cost_fractions": self.profiler.fractions(),
+                   "pool_success": self.state.pool_success, "warmup": self.state.warmup}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
         self.tracker.log_artifact(self.out / "cost_breakdown.txt")
         self.tracker.close()
@@ -341,8 +435,44 @@ class Trainer:
         torch.set_rng_state(rng["torch"])
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
+def step_sampling_seed(run_seed: int, agent_seed: int, step: int) -> int:
+    """The seed of a step's rollouts: the run seed, ``agent.seed`` and the step, so the same prompt
+    draws fresh samples at every step and in every run."""
+    return derive_seed(run_seed, "sampling", agent_seed, step)
+
+
+def predictor_seed(run_seed: int, seed: int) -> int:
+    """The predictor's seed (initialisation, example order) in a run: ``predictor.seed`` mixed with
+    the run seed, so runs with different seeds start from different predictors."""
+    return derive_seed(run_seed, "predictor", seed)
+
+
+def epoch_order(num_tasks: int, seed: int, epoch: int, defer: Sequence[int]) -> list[int]:
+    """Epoch ``epoch``'s order of the prompts: a seeded permutation, with the prompts in ``defer``
+    (those already in the pool being filled when the epoch starts) moved to its end, in order."""
+    order = np.random.default_rng([seed, epoch]).permutation(num_tasks).tolist()
+    later = set(defer)
+    return [i for i in order if i not in later] + [i for i in order if i in later]
+
+
+def next_pool(order: list[int], epoch: int, position: int, size: int, seed: int
+              ) -> tuple[list[int], list[int], int, int]:
+    """The next ``size`` prompt indices from the cursor (``order``, ``epoch``, ``position``) and the
+    cursor after them. A pool that crosses an epoch boundary takes the rest of this epoch, then
+    the start of the next epoch's order, in which its own prompts come last
+    (:func:`epoch_order`): no prompt is in one pool twice, and every prompt still comes once per
+    epoch. Needs ``size <= len(order)``."""
+    if size > len(order):
+        raise ValueError(f"a pool of {size} prompts cannot be drawn without repeats from {len(order)} prompts")
+    pool: list[int] = []
+    while len(pool) < size:
+        take = order[position: position + size - len(pool)]
+        pool += take
+        position += len(take)
+        if position >= len(order):
+            epoch, position = epoch + 1, 0
+            order = epoch_order(len(order), seed, epoch, pool)
+    return pool, order, epoch, position
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from trace_core.warmstart.pipeline import (
     run_warm_start,
 )
 from trace_core.warmstart.policy import WARM_MODEL
+from trace_core.warmstart.testbed import TestbedConfig
 
 
 def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
@@ -64,6 +65,11 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
     p.add_argument("--synthetic-kbs", type=int, default=0,
                    help="QA demonstrations also over this many freshly generated knowledge bases (copying, not recall)")
     p.add_argument("--synthetic-questions", type=int, default=200, help="questions per synthetic knowledge base")
+    p.add_argument("--testbed", action="store_true",
+                   help="QA demonstrations follow the embedded testbed's plan (topics known / unknown / partial) "
+                        "over its pool and warm-up split; --eval-split train then measures the pool")
+    p.add_argument("--testbed-pool", type=int, default=TestbedConfig.pool_size, help="testbed pool size")
+    p.add_argument("--testbed-seed", type=int, default=TestbedConfig.seed, help="seeds the testbed's draws")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     families = tuple(t.strip() for t in a.tasks.split(",") if t.strip())
@@ -88,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
                                 seed=a.seed, threads=a.threads, progress=not a.no_progress,
                                 tie_embeddings=not a.untied_sft),
         eval=EvalConfig(samples=a.eval_samples, temperature=a.temperature, seed=a.seed),
+        testbed=TestbedConfig(pool_size=a.testbed_pool, seed=a.testbed_seed) if a.testbed else None,
     )
 
 

@@ -231,11 +231,20 @@ class QAExpert:
             return f"{int(value):,}"
         return str(value)
 
-    def script(self, task: Task, epsilon: float, seed: int = 0, env: Environment | None = None) -> Script:
+    def script(self, task: Task, epsilon: float, seed: int = 0, env: Environment | None = None,
+               corrupt_at: int | None = None) -> Script:
+        """``corrupt_at``: corrupt exactly this step (0 .. hops − 1: that hop's search; hops: the
+        answer) and no other, instead of drawing each with probability ``epsilon``."""
         _check_epsilon(epsilon)
         path = task.metadata.get("path")
         if not isinstance(path, list) or not path:
             raise ValueError(f"qa task {task.id!r}: metadata['path'] must be a non-empty list of hops")
+        if corrupt_at is not None and not 0 <= corrupt_at <= len(path):
+            raise ValueError(f"qa task {task.id!r}: corrupt_at must be in [0, {len(path)}], got {corrupt_at}")
+
+        def corrupted(step: int) -> bool:
+            return _coin(rng, epsilon) if corrupt_at is None else step == corrupt_at
+
         rng = HashRng(f"{seed}/warmstart/qa/{task.id}")
         start = path[0]["entity_id"]
         if start not in self.kb:
@@ -245,7 +254,7 @@ class QAExpert:
         steps = []
         for i, hop in enumerate(path):
             target = current
-            bad = _coin(rng, epsilon)
+            bad = corrupted(i)
             if bad:
                 others = [e for e in self._by_kind[current.kind] if e.id != current.id]
                 target = rng.choice(others) if others else current
@@ -263,7 +272,7 @@ class QAExpert:
                 current = target
         relation = path[-1]["relation"]
         answer = self.value_text(current, relation)
-        bad = _coin(rng, epsilon)
+        bad = corrupted(len(path))
         if bad:
             wrong = sorted({self.value_text(e, relation) for e in self._by_kind[current.kind]} - {answer})
             if wrong:

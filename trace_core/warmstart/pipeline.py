@@ -40,6 +40,7 @@ from trace_core.warmstart.evaluate import TABLE_HEADER, EvalConfig, EvalResult, 
 from trace_core.warmstart.experts import Expert, FCExpert, MathExpert, QAExpert, Script, load_kb
 from trace_core.warmstart.policy import WARM_MODEL, build_policy, count_parameters, tokenizer_corpus
 from trace_core.warmstart.sft import SFTConfig, read_sft_log, sft
+from trace_core.warmstart.testbed import TestbedConfig
 from trace_core.warmstart.tools import PassageSearch, load_passages
 
 FAMILIES = ("math", "qa", "fc")  # task families with a scripted expert
@@ -47,6 +48,9 @@ DEFAULT_FAMILIES = ("math", "qa")  # BFCL demonstrations are ~4k-token sequences
 # Stage 1 learns the copying skills on cheap turn views (demos.TurnView), stage 2 the full format.
 VIEW_SFT = SFTConfig(lr=5e-3, epochs=5.0, batch_size=32, warmup_steps=10, share_prefix=False, tie_embeddings=True)
 FULL_SFT = SFTConfig(lr=3e-3, epochs=1.0, batch_size=8, warmup_steps=5, tie_embeddings=True)
+# The testbed's recipe: the policy must reproduce its demonstrations at T = 1 (known topics
+# always right, unknown ones always wrong), so full demonstrations only, many passes.
+TESTBED_SFT = SFTConfig(lr=5e-3, epochs=80.0, batch_size=16, warmup_steps=10, tie_embeddings=True)
 # The tool schemas each family's environment puts in the prompt (its tool_descriptions()).
 TOOLS: dict[str, list[dict[str, Any]]] = {"math": [PYTHON_TOOL], "qa": [SEARCH_TOOL]}
 
@@ -98,6 +102,10 @@ class WarmStartConfig:
     # question needs. 0: only the task KB.
     synthetic_kbs: int = 0
     synthetic_questions: int = 200  # questions per synthetic knowledge base
+    # The embedded testbed (trace_core.warmstart.testbed): QA demonstrations follow its plan —
+    # topics known, unknown or partial — over its pool and warm-up split instead of the first
+    # train_tasks questions, with real observations; writes pool.jsonl, warmup.jsonl, testbed.json.
+    testbed: TestbedConfig | None = None
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.families if f not in FAMILIES]
@@ -109,6 +117,8 @@ class WarmStartConfig:
             raise ValueError(f"eval_tasks must be >= 0, got {self.eval_tasks}")
         if self.eval_split not in ("test", "train"):
             raise ValueError(f"eval_split must be 'test' or 'train', got {self.eval_split!r}")
+        if self.testbed is not None and "qa" not in self.families:
+            raise ValueError(f"testbed needs the qa family among families, got {self.families}")
         if self.synthetic_kbs < 0 or self.synthetic_questions < 1:
             raise ValueError(f"synthetic_kbs must be >= 0 and synthetic_questions >= 1, got "
                              f"{self.synthetic_kbs}, {self.synthetic_questions}")
@@ -187,6 +197,26 @@ def ensure_qa_index(data_dir: str | Path, index_dir: str | Path) -> Path:
     return index_dir
 
 
+def build_testbed(config: WarmStartConfig, out: Path) -> list[Script]:
+    """Draw the testbed from the QA training split, write its two question files and its plan
+    under ``out``, and return the plan's scripts (observed through the real retriever)."""
+    from trace_core.warmstart.testbed import draw_testbed, read_rows, testbed_scripts, write_split
+
+    assert config.testbed is not None
+    data = Path(config.data_dir)
+    rows, md5 = read_rows(data / "qa" / "train.jsonl")
+    testbed = draw_testbed(rows, config.testbed, md5)
+    write_split(rows, testbed.pool, out / "pool.jsonl")
+    write_split(rows, testbed.warmup, out / "warmup.jsonl")
+    (out / "testbed.json").write_text(json.dumps(testbed.to_json(), indent=1) + "\n")
+    index = ensure_qa_index(data, config.qa_index or out / "qa_index")
+    tasks = load_tasks(out / "pool.jsonl", None) + load_tasks(out / "warmup.jsonl", None)
+    scripts = testbed_scripts(testbed, tasks, make_expert("qa", data), env_factory("qa", data, index))
+    print(f"testbed {testbed.hash}: {len(testbed.pool)} pool + {len(testbed.warmup)} warm-up questions, "
+          f"{len(scripts)} demonstrations ({sum(not s.correct for s in scripts)} wrong)")
+    return scripts
+
+
 def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
     """Run the whole warm start (module docstring); returns the report that is also written."""
     from transformers import AutoTokenizer
@@ -197,6 +227,9 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     scripts: dict[str, list[Script]] = {}
     for family in config.families:
+        if family == "qa" and config.testbed is not None:
+            scripts["qa"] = build_testbed(config, out)
+            continue
         factory = None
         if config.real_observations:
             index = ensure_qa_index(data, config.qa_index or out / "qa_index") if family == "qa" else None
@@ -272,7 +305,9 @@ def evaluate_families(config: WarmStartConfig, policy_dir: str | Path) -> list[E
         index = None
         if family == "qa":
             index = ensure_qa_index(data, config.qa_index or Path(config.out_dir) / "qa_index")
-        if config.eval_split == "train":
+        if config.eval_split == "train" and family == "qa" and config.testbed is not None:
+            tasks = load_tasks(Path(config.out_dir) / "pool.jsonl", config.eval_tasks)
+        elif config.eval_split == "train":
             tasks = training_tasks(config, family)[: config.eval_tasks]
         else:
             tasks = load_tasks(data / family / "test.jsonl", config.eval_tasks)

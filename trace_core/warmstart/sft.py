@@ -160,6 +160,9 @@ def masked_lm_loss(model: Any, batch: Batch, reduction: str = "mean") -> Any:
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     bsz, width = batch.input_ids.shape
     p = int(batch.prefix.numel())
+    # The backbone runs on every position, the LM head only where a target is masked in: most
+    # tokens of a demonstration are prompt and observations, and the head's vocabulary-wide
+    # product is a large share of a tiny model's cost. Same number as full logits.
     if p:
         cache = model.model(input_ids=batch.prefix[None], use_cache=True).past_key_values
         for layer in cache.layers:
@@ -167,14 +170,16 @@ def masked_lm_loss(model: Any, batch: Batch, reduction: str = "mean") -> Any:
             layer.values = layer.values.expand(bsz, -1, -1, -1)
         attn = torch.cat([torch.ones((bsz, p), dtype=torch.long), batch.attention_mask], dim=1)
         positions = torch.arange(p, p + width)[None].expand(bsz, -1)
-        logits = model(input_ids=batch.input_ids, attention_mask=attn, position_ids=positions,
-                       past_key_values=cache, use_cache=True).logits
+        hidden = model.model(input_ids=batch.input_ids, attention_mask=attn, position_ids=positions,
+                             past_key_values=cache, use_cache=True).last_hidden_state
     else:
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     targets = batch.input_ids[:, 1:]
     weights = batch.loss_mask[:, 1:]
-    nll = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                          reduction="none").view_as(weights)
+    selected = weights > 0
+    logits = model.lm_head(hidden[:, :-1][selected])
+    nll = F.cross_entropy(logits.float(), targets[selected], reduction="none")
+    weights = weights[selected]
     total = (nll * weights).sum()
     if reduction == "sum":
         return total

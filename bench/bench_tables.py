@@ -1,0 +1,32 @@
+"""The benchmarks' one table printer: rows of dicts as aligned columns (numbers to 3 places)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+def cell(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "–" if value is None else str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return "–" if not math.isfinite(value) else (f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}")
+    return str(value)
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """``rows`` as a fixed-width table of ``columns`` (missing cells print as –)."""
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    def line(values: Sequence[str]) -> str:
+        pairs = enumerate(zip(values, widths, strict=True))
+        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in pairs)
+
+    return "\n".join([line(list(columns)), "  ".join("-" * w for w in widths), *(line(row) for row in cells)])
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    print(format_table(rows, columns))

@@ -1,0 +1,129 @@
+"""A training run's figures, pooled over its steps, and the table that compares methods.
+
+Ratios are pooled as counts (Σ mixed groups / Σ activated prompts), not averaged per step, and
+each comes with a 90% Wilson interval from those counts: on a small machine a run forms a few
+dozen groups, and the interval says how much a difference between two methods can mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trace_core.metrics import wilson_interval
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What one training run did with its rollouts (see the module docstring)."""
+
+    method: str
+    steps: int
+    activated: int  # prompts that got rollouts, over all steps
+    mixed_groups: int  # of those, prompts whose tree held both a success and a failure
+    expanded_anchors: int
+    mixed_anchors: int
+    rollouts: int  # training rollouts (bare + continuations), over all steps
+    generated_tokens: float  # model-written tokens, over all steps
+    contrastive_yield: float  # per 100 rollouts, mean over steps
+    skipped_share: float  # share of candidate prompts given no rollout, mean over steps
+    reward: float  # mean training reward, mean over steps
+    warmup_rollouts: int  # rollouts spent fitting the predictor before RL (0: none)
+    pool_success: tuple[tuple[int, float], ...]  # (step, pool success) as measured
+    pool_samples: int  # samples per prompt behind the pool success
+
+    @property
+    def effective_ratio(self) -> float:
+        return self.mixed_groups / self.activated if self.activated else math.nan
+
+    @property
+    def effective_ratio_interval(self) -> tuple[float, float]:
+        return wilson_interval(self.mixed_groups, self.activated)
+
+    @property
+    def prefix_effective_ratio(self) -> float:
+        return self.mixed_anchors / self.expanded_anchors if self.expanded_anchors else math.nan
+
+    @property
+    def prefix_effective_ratio_interval(self) -> tuple[float, float]:
+        return wilson_interval(self.mixed_anchors, self.expanded_anchors)
+
+    @property
+    def mixed_per_100_rollouts(self) -> float:
+        return 100.0 * self.mixed_groups / self.rollouts if self.rollouts else math.nan
+
+    @property
+    def rollouts_per_mixed_group(self) -> float:
+        return self.rollouts / self.mixed_groups if self.mixed_groups else math.nan
+
+    @property
+    def pool_success_start(self) -> float:
+        return self.pool_success[0][1] if self.pool_success else math.nan
+
+    @property
+    def pool_success_end(self) -> float:
+        return self.pool_success[-1][1] if self.pool_success else math.nan
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def run_figures(method: str, history: Mapping[str, Sequence[float]], pool_success: Sequence[Mapping[str, Any]] = (),
+                warmup: Mapping[str, Any] | None = None, pool_samples: int = 0) -> RunFigures:
+    """The figures of one run from the trainer's per-step history (``history.json``), its pool
+    success records and its warm-up record (``summary.json``)."""
+    def total(key: str) -> int:
+        return int(round(sum(history.get(key, []))))
+
+    return RunFigures(
+        method=method, steps=len(history.get("effective_ratio", [])),
+        activated=total("counts/activated"), mixed_groups=total("counts/mixed_groups"),
+        expanded_anchors=total("counts/expanded_anchors"), mixed_anchors=total("counts/mixed_anchors"),
+        rollouts=total("counts/rollouts"), generated_tokens=float(sum(history.get("budget/generated_tokens", []))),
+        contrastive_yield=_mean(history.get("contrastive_yield", [])),
+        skipped_share=_mean(history.get("alloc/skipped_share", [])),
+        reward=_mean(history.get("reward/mean", [])),
+        warmup_rollouts=int((warmup or {}).get("rollouts", 0)),
+        pool_success=tuple(sorted((int(r["step"]), float(r["success"])) for r in pool_success)),
+        pool_samples=pool_samples,
+    )
+
+
+def _ratio(value: float, interval: tuple[float, float]) -> str:
+    if not math.isfinite(value):
+        return "–"
+    return f"{value:.3f} [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def _num(value: float, digits: int = 1) -> str:
+    return "–" if not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def training_table(runs: Sequence[RunFigures], held_out: Mapping[str, float] | None = None,
+                   held_out_label: str = "held-out pass@1 (%)") -> str:
+    """The methods side by side (markdown): each ratio with its 90% Wilson interval, held-out
+    evaluation next to pool success, and what the rollouts cost."""
+    k = max((r.pool_samples for r in runs), default=0)
+    head = ["method", "effective ratio [90% CI]", "mixed groups / 100 rollouts", "contrastive yield / 100",
+            "rollouts per mixed group", "prefix eff. ratio [90% CI]", "skipped share", "gen. tokens / step",
+            f"pool success start → end (k={k})", held_out_label, "rollouts (+ warm-up)"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for r in runs:
+        held = (held_out or {}).get(r.method, math.nan)
+        cells = [
+            r.method, _ratio(r.effective_ratio, r.effective_ratio_interval), _num(r.mixed_per_100_rollouts),
+            _num(r.contrastive_yield), _num(r.rollouts_per_mixed_group),
+            _ratio(r.prefix_effective_ratio, r.prefix_effective_ratio_interval), _num(r.skipped_share, 2),
+            _num(r.generated_tokens / r.steps if r.steps else math.nan, 0),
+            f"{_num(100 * r.pool_success_start)}% → {_num(100 * r.pool_success_end)}%",
+            _num(100 * held if math.isfinite(held) else math.nan),
+            f"{r.rollouts} (+ {r.warmup_rollouts})",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
