@@ -53,7 +53,7 @@ data: data/MANIFEST.json  ## regenerate data/ and verify it against data.dvc
 
 test: $(STAMP) data/MANIFEST.json  ## ruff, then every test (the command CI runs)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -ra --timeout=900 tests
+	$(BIN)/python -m pytest --timeout=900 tests
 
 run: $(STAMP)  ## the main job: the Kubeflow pipeline on this machine (kfp.local); a second run reuses what is up to date
 	$(BIN)/python -m pipelines run --local

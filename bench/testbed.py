@@ -40,7 +40,7 @@ def testbed_sft_flags() -> list[str]:
     from trace_core.warmstart.pipeline import TESTBED_SFT
 
     return ["--epochs", str(TESTBED_SFT.epochs), "--lr", str(TESTBED_SFT.lr), "--batch-size",
-            str(TESTBED_SFT.batch_size)]
+            str(TESTBED_SFT.batch_size), "--warmup-steps", str(TESTBED_SFT.warmup_steps)]
 
 
 def measure(out: Path, data: str, index: str, samples: int, seed: int) -> dict:

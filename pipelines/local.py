@@ -24,7 +24,7 @@ from typing import Any
 from pipelines.config import PipelineConfig
 
 REPO = Path(__file__).resolve().parents[1]
-_SHOW = re.compile(r"(Executing task|finished with status|Pipeline .* finished| - ERROR - )")
+_SHOW = re.compile(r"(Executing task|finished with status|Pipeline .* finished| - ERROR - |progress: )")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -122,3 +122,44 @@ def test_contrast_counts_are_the_ratios_numerators() -> None:
     assert c.mixed / c.activated == effective_ratio(trees)
     assert c.rollouts_per_mixed_group == 3.5 and c.mixed_per_100_rollouts == pytest.approx(200 / 7)
     assert c.expanded_anchors == 0 and np.isnan(prefix_effective_ratio(trees))
+
+
+def test_a_miniature_testbed_lands_in_its_calibration_range(kb_qa_index, tmp_path) -> None:
+    """The whole recipe on a 16-question pool: draw, demonstrate through the real retriever, fit
+    (the pipeline's SFT), then 8 rollouts per pool prompt at T = 1 through the executor. GRPO's
+    expected step-0 effective ratio (the mixed share) lands in the miniature's configured range,
+    and most prompts are never or always solved."""
+    import dataclasses
+
+    from conftest import batched_threads
+    from transformers import AutoTokenizer
+
+    from trace_core.rollout.agent import AgentConfig
+    from trace_core.rollout.engine import EngineConfig
+    from trace_core.rollout.executor import NO_EXPANSION, TreeRolloutExecutor
+    from trace_core.rollout.hf_engine import HFEngine
+    from trace_core.warmstart.demos import load_tasks
+    from trace_core.warmstart.pipeline import TESTBED_SFT, WarmStartConfig, env_factory, run_warm_start
+
+    index_dir, _ = kb_qa_index
+    mini = tb.TestbedConfig(pool_size=16, grpo_ratio_range=(0.05, 0.65))
+    config = WarmStartConfig(data_dir=str(DATA), out_dir=str(tmp_path), families=("qa",), eval_tasks=0,
+                             qa_index=str(index_dir), view_sft=None, testbed=mini,
+                             sft=dataclasses.replace(TESTBED_SFT, progress=False))
+    with batched_threads():
+        report = run_warm_start(config)
+    policy = report["policy_dir"]
+    agent = AgentConfig(max_turns=5, max_new_tokens=96, max_total_tokens=2048)
+    engine = HFEngine(EngineConfig(model_path=policy, max_model_len=2048, seed=0))
+    try:
+        executor = TreeRolloutExecutor(engine, AutoTokenizer.from_pretrained(policy),
+                                       env_factory("qa", DATA, index_dir), agent, tool_workers=2)
+        pool = load_tasks(tmp_path / "pool.jsonl")
+        result = executor.run(pool, [8] * len(pool), NO_EXPANSION, 0, None, np.random.default_rng(0),
+                              sampling_seed=0)
+    finally:
+        engine.close()
+    spread = tb.spread_of(result.trees, 8)
+    lo, hi = mini.grpo_ratio_range
+    assert lo <= spread.grpo_effective_ratio <= hi, spread.to_json()
+    assert spread.shares["never"] + spread.shares["always"] > 0.5, spread.to_json()

@@ -64,6 +64,20 @@ def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, t
     assert run.data.params["method"] == method
     assert (tmp_path / method / "checkpoints" / "latest").read_text() == "step_000001"
     assert (tmp_path / method / "policy" / "config.json").is_file()
+    # Every tree of the step is logged (one compressed JSON-lines file, lossless): recounting the
+    # step's effective ratio and contrastive yield from it gives the logged values.
+    from trace_core.advantages import get_advantage_estimator
+    from trace_core.metrics import contrastive_yield, effective_ratio
+    from trace_core.tree import load_trees
+
+    client = MlflowClient(server.uri)
+    logged = [f.path for f in client.list_artifacts(summary["run_id"], "trees")]
+    assert logged == ["trees/step00000.jsonl.gz"]
+    trees = load_trees(client.download_artifacts(summary["run_id"], logged[0], str(tmp_path / "dl")))
+    assert sum(len(t.outcomes()) for t in trees) == cfg.budget.spec().total
+    assert effective_ratio(trees) == pytest.approx(run.data.metrics["effective_ratio"])
+    recount = contrastive_yield(trees, get_advantage_estimator(cfg.advantage)(trees))
+    assert recount == pytest.approx(run.data.metrics["contrastive_yield"])
 
 
 def test_killed_run_resumes_the_same_mlflow_run(tiny_models, server, tmp_path) -> None:

@@ -201,6 +201,9 @@ class Trainer:
         ps = self.cfg.pool_success
         result = self._bare_rollouts(self.tasks, ps.samples, derive_seed("pool_success", ps.seed))
         per_prompt = {t.prompt_id: float(np.mean(is_success(t.outcomes()))) for t in result.trees}
+        mean = float(np.mean(list(per_prompt.values())))
+        print(f"progress: {self.cfg.method} pool success after {step} steps: {mean:.3f} "
+              f"({result.stats.trajectories} rollouts)", flush=True)
         record = {"step": float(step), "success": float(np.mean(list(per_prompt.values()))),
                   "rollouts": float(result.stats.trajectories),
                   "generated_tokens": float(result.stats.generated_tokens)}
@@ -336,8 +339,10 @@ class Trainer:
         if (start == 0 and self.state.warmup is None and self.method.uses_predictor
                 and cfg.predictor_warmup.task_file):
             w = self.warm_up_predictor()
-            print(f"predictor warm-up: {w['rollouts']:.0f} rollouts on {w['questions']:.0f} questions, "
+            print(f"progress: {cfg.method} predictor warm-up: {w['rollouts']:.0f} rollouts on "
+                  f"{w['questions']:.0f} questions, "
                   f"loss {w['first_loss']:.3f} -> {w['last_loss']:.3f} in {w['wall_s']:.0f} s", flush=True)
+        t_loop = time.perf_counter()
         for step in bar:
             if self._pool_success_due(step):
                 self.measure_pool_success(step)
@@ -368,6 +373,12 @@ class Trainer:
                     self._log_pending()
             last = metrics
             bar.set_postfix(eff=f"{out['effective_ratio']:.2f}", reward=f"{out['reward/mean']:.2f}")
+            if not cfg.progress:  # no bar (a pipeline step): one line per step
+                done = step + 1 - start
+                elapsed = time.perf_counter() - t_loop
+                print(f"progress: train {cfg.method} step {step + 1}/{cfg.steps}: effective ratio "
+                      f"{out['effective_ratio']:.2f}, reward {out['reward/mean']:.2f}, {elapsed:.0f} s, "
+                      f"~{elapsed / done * (cfg.steps - step - 1):.0f} s left", flush=True)
         return self._finish(last)
 
     def _log_pending(self) -> None:

@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
     p.add_argument("--lr", type=float, default=sft_d.lr, help="stage 2 (full demonstrations) learning rate")
     p.add_argument("--epochs", type=float, default=sft_d.epochs, help="stage 2 epochs")
     p.add_argument("--batch-size", type=int, default=sft_d.batch_size, help="stage 2 batch size")
+    p.add_argument("--warmup-steps", type=int, default=sft_d.warmup_steps, help="stage 2 linear warm-up steps")
     p.add_argument("--max-length", type=int, default=sft_d.max_length, help="demonstrations are cut to this")
     p.add_argument("--threads", type=int, default=None, help="torch threads for SFT (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="seeds the error draws, the weights, batch order, sampling")
@@ -91,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
             view_d, lr=a.view_lr, epochs=a.view_epochs, batch_size=a.view_batch_size, max_length=a.max_length,
             seed=a.seed, threads=a.threads, progress=not a.no_progress, tie_embeddings=not a.untied_sft),
         sft=dataclasses.replace(sft_d, lr=a.lr, epochs=a.epochs, batch_size=a.batch_size, max_length=a.max_length,
+                                warmup_steps=a.warmup_steps,
                                 seed=a.seed, threads=a.threads, progress=not a.no_progress,
                                 tie_embeddings=not a.untied_sft),
         eval=EvalConfig(samples=a.eval_samples, temperature=a.temperature, seed=a.seed),

@@ -25,6 +25,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+# Without a progress bar (a pipeline step, a log file), a line of progress this often.
+PROGRESS_LINE_S = 20.0
+
 
 class TrainingSequence(Protocol):
     """What the trainer reads: a token sequence, its loss mask, and the prompt (for batching).
@@ -261,6 +264,7 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
     t0, c0 = time.perf_counter(), time.process_time()
     bar = tqdm(total=total, desc="sft", unit="step", disable=not config.progress)
     step = 0
+    last_line = t0
     while step < total:
         for idx in batch_order(demos, config.batch_size, rng):
             if step >= total:
@@ -280,6 +284,11 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
             step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if not config.progress and time.perf_counter() - last_line >= PROGRESS_LINE_S:
+                last_line = time.perf_counter()
+                elapsed = last_line - t0
+                print(f"progress: SFT step {step}/{total}, loss {np.mean(losses[-20:]):.3f}, {elapsed:.0f} s, "
+                      f"~{elapsed / step * (total - step):.0f} s left", flush=True)
     bar.close()
     log = SFTLog(asdict(config), step, len(demos), targets, processed, losses,
                  time.perf_counter() - t0, time.process_time() - c0)

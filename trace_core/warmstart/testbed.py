@@ -54,6 +54,9 @@ class TestbedConfig:
     partial_demos: tuple[int, ...] = (2, 3, 4)  # demonstrations per question of a partial topic (one drawn)
     known_demos: int = 1  # demonstrations per question of a known or unknown topic
     seed: int = 0  # draws the topics' competence, the splits and the wrong steps
+    # The calibration target: GRPO's expected step-0 effective ratio (G = 8, the pool's mixed
+    # share at k = 8) must land here; the paper's GRPO sits at 0.268.
+    grpo_ratio_range: tuple[float, float] = (0.20, 0.40)
 
     def __post_init__(self) -> None:
         if self.pool_size < 1 or self.warmup_per_topic < 0:
@@ -68,6 +71,9 @@ class TestbedConfig:
         if not self.partial_demos or any(d < 2 for d in self.partial_demos):
             raise ValueError(f"testbed.partial_demos must list counts >= 2 (a partial question needs a right "
                              f"and a wrong demonstration), got {self.partial_demos}")
+        lo, hi = self.grpo_ratio_range
+        if not 0 <= lo <= hi <= 1:
+            raise ValueError(f"testbed.grpo_ratio_range must be 0 <= low <= high <= 1, got {self.grpo_ratio_range}")
         if self.known_demos < 1:
             raise ValueError(f"testbed.known_demos must be >= 1, got {self.known_demos}")
 
@@ -103,8 +109,10 @@ class Testbed:
 
 
 def testbed_hash(config: TestbedConfig, source_md5: str) -> str:
-    """A short hash of the testbed's configuration and its source data: recorded with every result."""
-    text = json.dumps({"config": asdict(config), "source_md5": source_md5}, sort_keys=True)
+    """A short hash of what determines the testbed — the settings of its draw and its source data
+    (not the calibration target, which judges it) —, recorded with every result."""
+    drawn = {k: v for k, v in asdict(config).items() if k != "grpo_ratio_range"}
+    text = json.dumps({"config": drawn, "source_md5": source_md5}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
