@@ -27,7 +27,7 @@ COMPONENTS = {"prepare-data", "build-retriever-index", "warm-start", "train", "e
 # Small enough for a test, large enough to exercise every path: both methods train one step and
 # are evaluated on a few examples; the transformers engine (no vLLM start-up).
 MINIATURE = [
-    "warm_start.testbed_pool=16", "warm_start.epochs=1", "warm_start.batch_size=6",
+    "methods=[grpo,trace]", "warm_start.testbed_pool=16", "warm_start.epochs=1", "warm_start.batch_size=6",
     "train.predictor_warmup.samples=2", "train.predictor_warmup.updates=2",
     "train.steps=1", "train.engine.kind=hf", "train.budget.roots_M=4", "train.budget.expansion_N=1",
     "train.budget.group_size_G=2", "train.budget.max_per_prompt=4", "train.budget.pool_factor=1",
@@ -85,7 +85,7 @@ def test_compiled_pipeline_has_every_component_edge_resource_and_secret(tmp_path
     assert "register_method" in tasks["condition-2"]["triggerPolicy"]["condition"]
     defaults = spec["root"]["inputDefinitions"]["parameters"]
     assert defaults["methods"]["defaultValue"] == ["grpo", "pcl", "trace"]
-    assert json.loads(defaults["train_config"]["defaultValue"])["budget"]["roots_M"] == 8
+    assert json.loads(defaults["train_config"]["defaultValue"])["budget"]["roots_M"] == 32
     assert defaults["mlflow_uri"]["defaultValue"] == "http://mlflow:5000"  # compile targets the cluster
     assert defaults["workspace"]["defaultValue"] == "/workspace"
     # Resources and images: GPU steps on the CUDA image, the rest on the CPU image (pinned in infra/).
@@ -382,7 +382,7 @@ def test_dvc_repro_in_a_fresh_clone_then_nothing_to_do(tmp_path: Path) -> None:
     assert "effective_ratio" in shown and "eval_score" in shown
     plots = dvc("plots", "show", "--json")
     assert "effective_ratio.csv" in plots
-    assert (clone / "runs/dvc/compare/table.md").read_text().count("| trace |") == 2  # training + evaluation
+    assert (clone / "runs/dvc/compare/table.md").read_text().count("| trace |") == 3  # signal, cost, evaluation
 
 
 # ------------------------------------------------------------------------------------ submit / schedule
