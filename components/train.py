@@ -76,6 +76,9 @@ def train(
         cfg = from_dict(TrainConfig, raw)
         tags = {"method": method, "task": cfg.task.family, "pipeline.step": "train",
                 **lineage_tags(dvc_data_hash=data.metadata.get("dvc_md5", ""), kfp_run_id=kfp_run_id, config=defining)}
+        bed_file = Path(testbed.path) / "testbed.json"
+        if bed_file.is_file():  # the testbed's hash goes with every result on it
+            tags["testbed.hash"] = json.loads(bed_file.read_text())["hash"]
         run_dir.mkdir(parents=True, exist_ok=True)
         config_file = run_dir / "train_config.yaml"
         config_file.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
