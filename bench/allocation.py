@@ -1,6 +1,6 @@
 """Allocation benchmark: exactness against brute force / the DP / the greedy heap, and speed.
 
-Targets (issue 2): exact everywhere; ``allocate_roots`` ≥ 100× faster than the DP at B = 4,096,
+Targets: exact everywhere; ``allocate_roots`` ≥ 100× faster than the DP at B = 4,096,
 budget 8,192, max 16; B = 100,000 with budget 200,000 in ≤ 1 s on one core; ``allocate_prefixes``
 on 1,000,000 anchors in ≤ 1 s. Runs single-threaded (BLAS/OpenMP threads pinned to 1); times
 (``*_s``) are the process's CPU seconds, best of a few runs, so that other load on a shared

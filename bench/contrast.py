@@ -1,4 +1,4 @@
-"""Contrast benchmark on the simulator (issue 2 item 8): at equal total budget M(1+N), the
+"""Contrast benchmark on the simulator: at equal total budget M(1+N), the
 effective ratio, prefix effective ratio and contrastive yield (SPEC §7) of GRPO (G = 8), PCL,
 TreePO, TRACE with an oracle, a noisy and a learned predictor, and both ablations.
 

@@ -1,4 +1,4 @@
-"""Success predictor on real rollout trees (issue 5, part 4 of the predictor benchmark).
+"""Success predictor on real rollout trees (the second part of the predictor benchmark).
 
 ``bench/predictor.py`` measures the predictor on simulator trees; this script measures it where
 it will live: TRACE training steps of a warm-started tiny policy on the embedded multi-hop QA

@@ -1,4 +1,4 @@
-"""Rollout benchmark (issue 3, item 5): the vLLM engine, its prefix cache, and prompt-local expansion.
+"""Rollout benchmark: the vLLM engine, its prefix cache, and prompt-local expansion.
 
 All three parts run on the pinned tiny Qwen3 (``TinyQwen3Config()``: hidden 128, 2 layers, untied
 embeddings, float32), built locally, with one in-process :class:`VLLMEngine` shared by all parts,

@@ -55,7 +55,7 @@ from trace_core.tree import ROOT, RolloutTree
 # ============================================================================ configuration
 @dataclass(frozen=True)
 class SimConfig:
-    """The simulator's pinned defaults (issue 2 item 7). Every field is part of the experiment's
+    """The simulator's pinned defaults. Every field is part of the experiment's
     definition; the benchmark reports the values it ran with."""
 
     difficulty_beta: float = 0.15  # a in p0 ~ Beta(a, a): prompt difficulty (U-shaped for a < 1)

@@ -1,6 +1,6 @@
 """A sandbox for model-written Python, and the stateful `python` tool built on it.
 
-Isolation (see /work/shared/docs/sandbox.md for what was tested on these machines). Each call starts
+Isolation (each layer below was tried against hostile programs; `tests/test_sandbox.py`). Each call starts
 
     unshare --net --pid --mount --ipc --uts --fork --mount-proc --kill-child  (empty environment)
       └─ _sandbox_init.py   root, PID 1 of the namespace: private tmpfs /tmp and /dev/shm, whole

@@ -1,4 +1,4 @@
-"""Warm start (issue 4, item 7): turn a random tiny Qwen3 into a policy that solves some but not
+"""Warm start: turn a random tiny Qwen3 into a policy that solves some but not
 all embedded tasks, so that RL has mixed rewards to learn from.
 
     experts.py   scripted math / QA experts writing the agent's turns, with a controllable error rate
