@@ -57,15 +57,13 @@ def load_tasks(cfg: TrainConfig) -> tuple[list[Task], Any]:
         tasks = [Task(id=f"synthetic-{i}", question=f"Synthetic task {i}: reply in {t.fixed_turns} turns.")
                  for i in range(t.synthetic_prompts)]
         return tasks, lambda task: FixedTurnsEnvironment(num_turns=t.fixed_turns)
-    from trace_core.data.validation import load_validated
-    from trace_core.envs.registry import example_to_task, make_env_factory
+    from trace_core.envs.registry import make_env_factory
 
     path = Path(t.train_file or Path(t.data_dir) / t.family / "train.jsonl")
     if not path.is_file():
         raise ValueError(f"task.train_file {path} does not exist (generate the embedded data with "
                          "`python -m trace_core.data.generate --out data`)")
-    examples = load_validated(path)  # nothing trains on invalid data
-    tasks = [example_to_task(e) for e in examples]
+    tasks = read_tasks(path)
     retriever = None
     if t.family == "qa":
         from trace_core.retrieval import RetrievalIndex, Retriever, build_index, load_corpus
@@ -76,6 +74,14 @@ def load_tasks(cfg: TrainConfig) -> tuple[list[Task], Any]:
         retriever = Retriever(RetrievalIndex.load(index_dir))
     factory = make_env_factory(t.family, t.envs, retriever=retriever)
     return tasks, factory
+
+
+def read_tasks(path: Path) -> list[Task]:
+    """The tasks of a normalized question file, validated first (nothing trains on invalid data)."""
+    from trace_core.data.validation import load_validated
+    from trace_core.envs.registry import example_to_task
+
+    return [example_to_task(e) for e in load_validated(path)]
 
 
 # ============================================================================ state
@@ -224,10 +230,7 @@ class Trainer:
     def warm_up_predictor(self) -> dict[str, float]:
         """Fit the predictor on the warm-up split before RL (:class:`PredictorWarmupConfig`)."""
         w = self.cfg.predictor_warmup
-        from trace_core.data.validation import load_validated
-        from trace_core.envs.registry import example_to_task
-
-        tasks = [example_to_task(e) for e in load_validated(Path(w.task_file))]  # type: ignore[arg-type]
+        tasks = read_tasks(Path(w.task_file))  # type: ignore[arg-type]
         pool_ids = {t.id for t in self.tasks}
         shared = sorted(pool_ids & {t.id for t in tasks})
         if shared:
