@@ -1,12 +1,16 @@
 """Allocation benchmark: exactness against brute force / the DP / the greedy heap, and speed.
 
 Targets: exact everywhere; ``allocate_roots`` ≥ 100× faster than the DP at B = 4,096,
-budget 8,192, max 16; B = 100,000 with budget 200,000 in ≤ 1 s on one core; ``allocate_prefixes``
-on 1,000,000 anchors in ≤ 1 s. Runs single-threaded (BLAS/OpenMP threads pinned to 1); times
+budget 8,192, max 16; B = 100,000 with budget 200,000 in ≤ 1 s on one core; the posterior-aware
+``allocate_roots_beta`` at B = 100,000, budget 200,000 in ≤ 0.2 s; ``allocate_prefixes`` on
+1,000,000 anchors in ≤ 1 s. Runs single-threaded (BLAS/OpenMP threads pinned to 1); times
 (``*_s``) are the process's CPU seconds, best of a few runs, so that other load on a shared
 2-core machine does not distort them; ``fast_wall_s`` is the wall time of the same run.
 
-    python bench/allocation.py [--quick] [--out bench/results/allocation.json]
+    python bench/allocation.py [--quick] [--only SECTION ...] [--out bench/results/allocation.json]
+
+``--only roots_beta`` re-measures one section and keeps the others from the existing file (each
+section records the command that produced it).
 """
 
 from __future__ import annotations
@@ -29,10 +33,14 @@ from trace_core.allocation import (  # noqa: E402
     allocate_prefixes,
     allocate_prefixes_greedy,
     allocate_roots,
+    allocate_roots_beta,
+    allocate_roots_beta_dp,
     allocate_roots_dp,
+    allocate_roots_thompson,
     check_root_budget,
     prefix_objective,
     root_objective,
+    root_objective_beta,
 )
 
 
@@ -53,6 +61,12 @@ def timed(fn, *args, repeat: int = 1):
 def brute_roots(v: np.ndarray, budget: int, k: int) -> float:
     choices = [0, *range(2, k + 1)]
     return max(root_objective(v, c) for c in itertools.product(choices, repeat=len(v)) if sum(c) == budget)
+
+
+def brute_roots_beta(alpha: np.ndarray, beta: np.ndarray, budget: int, k: int) -> float:
+    choices = [0, *range(2, k + 1)]
+    combos = (c for c in itertools.product(choices, repeat=len(alpha)) if sum(c) == budget)
+    return max(root_objective_beta(alpha, beta, np.array(c)) for c in combos)
 
 
 def brute_prefixes(p: np.ndarray, r: np.ndarray, budget: int) -> float:
@@ -88,6 +102,24 @@ def bench_brute_force(rng: np.random.Generator, n_instances: int) -> list[dict]:
     return rows
 
 
+def bench_brute_force_beta(rng: np.random.Generator, n_instances: int) -> list[dict]:
+    worst_b = 0.0
+    done_b = 0
+    while done_b < n_instances:
+        b, k = int(rng.integers(1, 5)), int(rng.integers(2, 6))
+        alpha, beta = rng.choice([0.0, 0.5, 2.0, 10.0], size=b), rng.choice([0.5, 1.0, 3.0], size=b) + rng.random(b)
+        budget = int(rng.integers(0, b * k + 1))
+        try:
+            check_root_budget(b, budget, k)
+        except ValueError:
+            continue
+        m = allocate_roots_beta(alpha, beta, budget, k)
+        worst_b = max(worst_b, abs(root_objective_beta(alpha, beta, m) - brute_roots_beta(alpha, beta, budget, k)))
+        done_b += 1
+    return [{"solver": "allocate_roots_beta", "reference": "brute force", "instances": n_instances,
+             "max_abs_gap": worst_b}]
+
+
 def bench_roots(rng: np.random.Generator, sizes: list[int], k: int, dp_max: int) -> list[dict]:
     rows = []
     for b in sizes:
@@ -100,6 +132,35 @@ def bench_roots(rng: np.random.Generator, sizes: list[int], k: int, dp_max: int)
             d, t_dp = timed(allocate_roots_dp, v, budget, k)
             row.update(dp_s=t_dp, speedup=t_dp / t_fast,
                        gap=abs(root_objective(v, m) - root_objective(v, d)))
+        rows.append(row)
+    return rows
+
+
+def posterior_parameters(rng: np.random.Generator, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """A pool's Beta posteriors as the posterior methods form them: a prior mean from a
+    U-shaped Beta(0.15, 0.15) with a strength of 2, 8 or 32 pseudo-rollouts, plus 0..8 observed
+    rollouts of the prompt drawn from its true value."""
+    v = rng.beta(0.15, 0.15, size=b)
+    strength = rng.choice([2.0, 8.0, 32.0], size=b)
+    n = rng.integers(0, 9, size=b)
+    wins = rng.binomial(n, rng.beta(0.15, 0.15, size=b))
+    return v * strength + wins, (1 - v) * strength + (n - wins)
+
+
+def bench_roots_beta(rng: np.random.Generator, sizes: list[int], k: int, dp_max: int) -> list[dict]:
+    rows = []
+    for b in sizes:
+        alpha, beta = posterior_parameters(rng, b)
+        budget = 2 * b
+        m, t_fast = timed(allocate_roots_beta, alpha, beta, budget, k, repeat=5)
+        row = {"B": b, "budget": budget, "max_per_prompt": k, "fast_s": t_fast, "fast_wall_s": timed.last_wall,
+               "activated": int((m > 0).sum())}
+        _, t_ts = timed(allocate_roots_thompson, alpha, beta, budget, k, np.random.default_rng(0), repeat=3)
+        row["thompson_s"] = t_ts
+        if b <= dp_max:
+            d, t_dp = timed(allocate_roots_beta_dp, alpha, beta, budget, k)
+            row.update(dp_s=t_dp, speedup=t_dp / t_fast,
+                       gap=abs(root_objective_beta(alpha, beta, m) - root_objective_beta(alpha, beta, d)))
         rows.append(row)
     return rows
 
@@ -137,7 +198,7 @@ def print_table(title: str, rows: list[dict]) -> None:
         print("  ".join(fmt(r.get(c)).rjust(w) for c, w in zip(cols, widths, strict=True)))
 
 
-def plot(roots: list[dict], prefixes: list[dict], path: Path) -> None:
+def plot(roots: list[dict], roots_beta: list[dict], prefixes: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,6 +207,8 @@ def plot(roots: list[dict], prefixes: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     b = [r["B"] for r in roots]
     axes[0].loglog(b, [r["fast_s"] for r in roots], "o-", label="allocate_roots (threshold + repair)")
+    axes[0].loglog([r["B"] for r in roots_beta], [r["fast_s"] for r in roots_beta], "^-",
+                   label="allocate_roots_beta (same solver, Beta gains)")
     dp = [r for r in roots if "dp_s" in r]
     axes[0].loglog([r["B"] for r in dp], [r["dp_s"] for r in dp], "s--", label="DP (reference)")
     axes[0].set(xlabel="pool size B (budget 2B, max 16)", ylabel="seconds", title="Root allocation")
@@ -160,32 +223,65 @@ def plot(roots: list[dict], prefixes: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+SECTIONS = ("brute_force", "roots", "roots_beta", "prefixes")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=None,
+                    help="run only these sections and keep the others from the existing --out file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/allocation.json"))
     args = ap.parse_args()
-    rng = np.random.default_rng(args.seed)
+    run = set(args.only or SECTIONS)
+    previous = json.loads(args.out.read_text()) if args.only and args.out.is_file() else {}
+    commands = dict(previous.get("commands", {}))
+    command = "python bench/allocation.py" + (" --quick" if args.quick else "") + (
+        " --only " + " ".join(args.only) if args.only else "")
 
-    brute = bench_brute_force(rng, 100 if args.quick else 500)
+    def rng_for(section: str) -> np.random.Generator:  # one stream per section: --only reproduces it
+        return np.random.default_rng([args.seed, SECTIONS.index(section)])
+
     root_sizes = [64, 256, 1024] if args.quick else [64, 256, 1024, 4096, 100_000]
-    roots = bench_roots(rng, root_sizes, 16, dp_max=1024 if args.quick else 4096)
-    pref_sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000, 1_000_000]
-    prefixes = bench_prefixes(rng, pref_sizes, greedy_max=100_000)
+    results: dict[str, list[dict]] = {}
+    for section in SECTIONS:
+        if section not in run:
+            results[section] = previous.get(section, [])
+            continue
+        commands[section] = command
+        rng = rng_for(section)
+        if section == "brute_force":
+            results[section] = bench_brute_force(rng, 100 if args.quick else 500)
+        elif section == "roots":
+            results[section] = bench_roots(rng, root_sizes, 16, dp_max=1024 if args.quick else 4096)
+        elif section == "roots_beta":
+            results[section] = bench_brute_force_beta(rng, 100 if args.quick else 300) + bench_roots_beta(
+                rng, [64, 256, 1024, 100_000], 16, dp_max=1024)
+        else:
+            pref_sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000, 1_000_000]
+            results[section] = bench_prefixes(rng, pref_sizes, greedy_max=100_000)
+    brute, roots, prefixes = results["brute_force"], results["roots"], results["prefixes"]
+    beta_brute = [r for r in results["roots_beta"] if "solver" in r]
+    roots_beta = [r for r in results["roots_beta"] if "solver" not in r]
 
-    print_table("Exactness on random small instances (objective gap to brute force)", brute)
+    print_table("Exactness on random small instances (objective gap to brute force)", brute + beta_brute)
     print_table("Root allocation (SPEC §2), Beta(0.15, 0.15) values, budget 2B", roots)
+    print_table("Posterior-aware root allocation (allocate_roots_beta; thompson_s: allocate_roots_thompson), "
+                "Beta posteriors, budget 2B", roots_beta)
     print_table("Prefix allocation (SPEC §3), uniform p, budget 2A", prefixes)
 
     at4096 = next((r for r in roots if r["B"] == 4096), None)
     at100k = next((r for r in roots if r["B"] == 100_000), None)
+    beta100k = next((r for r in roots_beta if r["B"] == 100_000), None)
     at1m = next((r for r in prefixes if r["anchors"] == 1_000_000), None)
-    max_gap = max([r["max_abs_gap"] for r in brute] + [r.get("gap", 0.0) for r in roots + prefixes])
+    max_gap = max([r["max_abs_gap"] for r in brute + beta_brute]
+                  + [r.get("gap", 0.0) for r in roots + roots_beta + prefixes])
     targets = {
         "exact_everywhere (max objective gap <= 1e-9)": max_gap <= 1e-9,
         "roots speedup vs DP at B=4096 >= 100x": None if at4096 is None else at4096["speedup"] >= 100,
         "roots B=100k budget 200k <= 1 s": None if at100k is None else at100k["fast_s"] <= 1.0,
+        "roots_beta B=100k budget 200k <= 0.2 s": None if beta100k is None else beta100k["fast_s"] <= 0.2,
         "prefixes 1M anchors <= 1 s": None if at1m is None else at1m["fast_s"] <= 1.0,
     }
     print("\nTargets")
@@ -194,14 +290,16 @@ def main() -> None:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
-        "command": "python bench/allocation.py" + (" --quick" if args.quick else ""),
+        "command": command,
+        "commands": commands,  # the command that produced each section
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "threads": 1},
-        "brute_force": brute, "roots": roots, "prefixes": prefixes,
+        **results,
         "max_objective_gap": max_gap, "targets": targets,
     }
     args.out.write_text(json.dumps(result, indent=2))
-    plot(roots, prefixes, args.out.with_suffix(".png"))
-    print(f"\nwrote {args.out} and {args.out.with_suffix('.png')}")
+    if roots and prefixes:
+        plot(roots, roots_beta, prefixes, args.out.with_suffix(".png"))
+    print(f"\nwrote {args.out}" + (f" and {args.out.with_suffix('.png')}" if roots and prefixes else ""))
 
 
 if __name__ == "__main__":

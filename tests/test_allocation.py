@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from scipy.special import betaln
 
 from trace_core.allocation import (
     METHODS,
@@ -15,13 +16,20 @@ from trace_core.allocation import (
     allocate_prefixes,
     allocate_prefixes_greedy,
     allocate_roots,
+    allocate_roots_beta,
+    allocate_roots_beta_dp,
     allocate_roots_dp,
+    allocate_roots_thompson,
+    beta_moments,
     check_root_budget,
     get_method,
     prefix_objective,
     prefix_value,
     root_objective,
+    root_objective_beta,
+    root_unit_gains_beta,
     root_value,
+    root_value_beta,
 )
 
 # Probabilities with the edge values SPEC asks for (0, 0.5, 1) mixed with arbitrary ones.
@@ -145,6 +153,182 @@ def test_bad_probabilities_are_errors(bad: list) -> None:
 def test_budget_must_be_an_integer() -> None:
     with pytest.raises(ValueError, match="budget must be an integer"):
         allocate_roots([0.5, 0.5], 2.5)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- roots under a Beta posterior
+# Beta parameters with the edges: point masses (one parameter 0), tiny and large strengths.
+beta_param = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 3.0, 1e3]), st.floats(0.01, 20.0, allow_nan=False))
+
+
+def beta_value_independent(a: float, b: float, m: int) -> float:
+    """``1 − E[p^m] − E[(1−p)^m]`` from log-Beta functions (scipy), independent of the solver's
+    product recursion; point masses by hand."""
+    if m < 2:
+        return 0.0
+    if a == 0.0 or b == 0.0:
+        return 0.0  # a point mass at 0 or 1: never both outcomes
+    ep = np.exp(betaln(a + m, b) - betaln(a, b))
+    eq = np.exp(betaln(a, b + m) - betaln(a, b))
+    return float(1.0 - ep - eq)
+
+
+def brute_force_roots_beta(a: list[float], b: list[float], budget: int, max_per_prompt: int) -> float:
+    choices = [0, *range(2, max_per_prompt + 1)]
+    table = [[beta_value_independent(x, y, c) for c in choices] for x, y in zip(a, b, strict=True)]
+    best = -np.inf
+    for combo in itertools.product(range(len(choices)), repeat=len(a)):
+        if sum(choices[c] for c in combo) == budget:
+            best = max(best, sum(table[i][c] for i, c in enumerate(combo)))
+    return best
+
+
+def test_beta_moments_match_log_beta_functions() -> None:
+    a = np.array([0.3, 1.0, 2.5, 40.0, 0.0, 5.0])
+    b = np.array([0.7, 1.0, 0.4, 60.0, 2.0, 0.0])
+    ep, eq = beta_moments(a, b, 9)
+    proper = (a > 0) & (b > 0)
+    for k in range(10):
+        want_p = np.exp(betaln(a[proper] + k, b[proper]) - betaln(a[proper], b[proper]))
+        want_q = np.exp(betaln(a[proper], b[proper] + k) - betaln(a[proper], b[proper]))
+        np.testing.assert_allclose(ep[proper, k], want_p, rtol=1e-12)
+        np.testing.assert_allclose(eq[proper, k], want_q, rtol=1e-12)
+    # point masses: alpha = 0 is p ≡ 0, beta = 0 is p ≡ 1
+    assert ep[4, 1:].tolist() == [0.0] * 9 and eq[4].tolist() == [1.0] * 10
+    assert ep[5].tolist() == [1.0] * 10 and eq[5, 1:].tolist() == [0.0] * 9
+
+
+def test_beta_unit_gains_structure() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.gamma(1.0, 3.0, size=200), rng.gamma(1.0, 3.0, size=200)
+    K = 12
+    g = root_unit_gains_beta(a, b, K)
+    # the first three units are one number: E[p(1−p)] = v(1−v)(α+β)/(α+β+1)
+    assert np.array_equal(g[:, 0], g[:, 1]) and np.array_equal(g[:, 1], g[:, 2])
+    v, s = a / (a + b), a + b
+    np.testing.assert_allclose(g[:, 0], v * (1 - v) * s / (s + 1), rtol=1e-12)
+    assert np.all(np.diff(g[:, 2:], axis=1) <= 0)  # non-increasing after the first pair
+    # a prompt's value at m >= 2 is the sum of its first m units
+    for m in range(2, K + 1):
+        np.testing.assert_allclose(g[:, :m].sum(axis=1), root_value_beta(a, b, np.full(200, m)), atol=1e-13)
+    assert root_value_beta([1.0], [1.0], 1)[0] == 0.0 and root_value_beta([1.0], [1.0], 0)[0] == 0.0
+
+
+def test_beta_objective_penalises_uncertainty() -> None:
+    # Same posterior mean 1/2; the prompt known from 1,000 pseudo-rollouts gets the budget.
+    m = allocate_roots_beta([1.0, 500.0], [1.0, 500.0], 2)
+    assert m.tolist() == [0, 2]
+    assert root_value_beta([1.0], [1.0], 2)[0] == pytest.approx(2 * 0.25 * 2 / 3)
+
+
+@FAST
+@given(
+    ab=st.lists(st.tuples(beta_param, beta_param).filter(lambda t: t[0] + t[1] > 0), min_size=1, max_size=4),
+    budget=st.integers(0, 16),
+    max_per_prompt=st.integers(2, 5),
+)
+def test_allocate_roots_beta_matches_brute_force(
+    ab: list[tuple[float, float]], budget: int, max_per_prompt: int
+) -> None:
+    assume(is_feasible_budget(len(ab), budget, max_per_prompt))
+    a, b = [x[0] for x in ab], [x[1] for x in ab]
+    m = allocate_roots_beta(a, b, budget, max_per_prompt)
+    assert m.sum() == budget and all(x == 0 or 2 <= x <= max_per_prompt for x in m)
+    best = brute_force_roots_beta(a, b, budget, max_per_prompt)
+    assert root_objective_beta(a, b, m) == pytest.approx(best, abs=1e-9)
+    d = allocate_roots_beta_dp(a, b, budget, max_per_prompt)
+    assert root_objective_beta(a, b, d) == pytest.approx(best, abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(5, 50), k=st.integers(2, 16), ties=st.booleans())
+def test_allocate_roots_beta_matches_dp_on_larger_pools(seed: int, n: int, k: int, ties: bool) -> None:
+    rng = np.random.default_rng(seed)
+    if ties:  # repeated (α, β) pairs: many exactly tied gains
+        pairs = np.array([(1.0, 1.0), (2.0, 8.0), (0.0, 3.0), (6.0, 6.0), (4.0, 0.5)])[rng.integers(0, 5, size=n)]
+        a, b = pairs[:, 0], pairs[:, 1]
+    else:
+        v = rng.beta(0.3, 0.3, size=n)
+        s = rng.choice([0.5, 2.0, 8.0, 64.0], size=n)
+        a, b = v * s + rng.integers(0, 4, size=n), (1 - v) * s + rng.integers(0, 4, size=n)
+    budget = int(rng.integers(0, n * k + 1))
+    if k == 2:
+        budget -= budget % 2
+    assume(budget != 1)
+    m = allocate_roots_beta(a, b, budget, k)
+    d = allocate_roots_beta_dp(a, b, budget, k)
+    assert m.sum() == budget == d.sum()
+    assert root_objective_beta(a, b, m) == pytest.approx(root_objective_beta(a, b, d), abs=1e-9)
+    assert (m > 0).sum() <= (d > 0).sum() + 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 80), k=st.integers(2, 16))
+def test_point_case_is_the_limit_of_huge_strength(seed: int, n: int, k: int) -> None:
+    rng = np.random.default_rng(seed)
+    v = rng.beta(0.3, 0.3, size=n)
+    budget = int(rng.integers(0, n * k + 1))
+    if k == 2:
+        budget -= budget % 2
+    assume(budget != 1)
+    strength = 1e13
+    m = allocate_roots_beta(v * strength, (1 - v) * strength, budget, k)
+    assert root_objective(v, m) == pytest.approx(root_objective(v, allocate_roots(v, budget, k)), abs=1e-9)
+
+
+def test_beta_tie_rule_and_determinism() -> None:
+    m = allocate_roots_beta([2.0, 2.0, 2.0], [2.0, 2.0, 2.0], 6)
+    assert sorted(m.tolist()) == [0, 3, 3]  # (3, 3, 0) over (2, 2, 2)
+    rng = np.random.default_rng(4)
+    a, b = rng.integers(0, 4, 50) + 0.5, rng.integers(0, 4, 50) + 0.5
+    assert np.array_equal(allocate_roots_beta(a, b, 60), allocate_roots_beta(a, b, 60))
+
+
+@pytest.mark.parametrize(
+    ("n", "budget", "k", "rule"),
+    [
+        (4, 5, 2, "odd"),
+        (3, 1, 4, "m_i = 1 is excluded"),
+        (3, -2, 4, "cannot be negative"),
+        (3, 13, 4, "exceeds the pool's capacity"),
+        (3, 4, 1, "must be >= 2"),
+    ],
+)
+def test_infeasible_budgets_are_errors_for_the_beta_solvers(n: int, budget: int, k: int, rule: str) -> None:
+    ones = np.ones(n)
+    for solver in (allocate_roots_beta, allocate_roots_beta_dp):
+        with pytest.raises(ValueError, match=rule):
+            solver(ones, ones, budget, k)
+    with pytest.raises(ValueError, match=rule):
+        allocate_roots_thompson(ones, ones, budget, k, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "rule"),
+    [
+        ([1.0, -1.0], [1.0, 1.0], r"alpha\[1\] = -1.0"),
+        ([1.0, 1.0], [1.0, float("nan")], r"beta\[1\] = nan"),
+        ([0.0, 1.0], [0.0, 1.0], r"alpha\[0\] \+ beta\[0\] = 0"),
+        ([1.0, 1.0], [1.0], "one length"),
+        ([1.0, float("inf")], [1.0, 1.0], "finite"),
+    ],
+)
+def test_bad_beta_parameters_are_errors(a: list, b: list, rule: str) -> None:
+    with pytest.raises(ValueError, match=rule):
+        allocate_roots_beta(a, b, 2)
+
+
+def test_thompson_is_the_point_solver_on_one_draw_per_prompt() -> None:
+    rng = np.random.default_rng(5)
+    a, b = rng.gamma(1.0, 2.0, 40) + 0.1, rng.gamma(1.0, 2.0, 40) + 0.1
+    a[0], b[1] = 0.0, 0.0  # point masses draw 0 and 1: neither prompt can form a mixed group
+    m = allocate_roots_thompson(a, b, 30, 16, np.random.default_rng(9))
+    draws_rng = np.random.default_rng(9)
+    draw = np.array([0.0, 1.0, *draws_rng.beta(a[2:], b[2:])])
+    assert np.array_equal(m, allocate_roots(draw, 30, 16))
+    assert m[0] == 0 and m[1] == 0 and m.sum() == 30
+    # different draws, different allocations: it explores
+    other = [allocate_roots_thompson(a, b, 30, 16, np.random.default_rng(s)) for s in range(5)]
+    assert len({tuple(x) for x in other}) > 1
 
 
 # ---------------------------------------------------------------------------- prefixes

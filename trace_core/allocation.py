@@ -122,11 +122,18 @@ def allocate_roots(v: object, budget: int, max_per_prompt: int = 16) -> np.ndarr
     """
     v = _as_probabilities(v, "v")
     check_root_budget(v.shape[0], budget, max_per_prompt)
-    budget, K, B = int(budget), int(max_per_prompt), v.shape[0]
-    m = np.zeros(B, dtype=np.int64)
+    budget, K = int(budget), int(max_per_prompt)
     if budget == 0:
-        return m
-    gains = root_unit_gains(v, K)
+        return np.zeros(v.shape[0], dtype=np.int64)
+    return _allocate_from_unit_gains(root_unit_gains(v, K), budget, K)
+
+
+def _allocate_from_unit_gains(gains: np.ndarray, budget: int, K: int) -> np.ndarray:
+    """The threshold-and-repair solver of :func:`allocate_roots` on a ``(B, K)`` table of unit
+    gains whose first three columns hold one number per row and whose later columns do not
+    increase (the only properties its exactness argument uses). ``budget`` is feasible and > 0."""
+    B = gains.shape[0]
+    m = np.zeros(B, dtype=np.int64)
     flat = gains.ravel()
     lam = float(np.partition(flat, flat.size - budget)[flat.size - budget])  # budget-th largest
     above = gains > lam + GAIN_TIE_TOL
@@ -195,15 +202,24 @@ def allocate_roots_dp(v: object, budget: int, max_per_prompt: int = 16) -> np.nd
     prompts. Used by tests and benchmarks to certify :func:`allocate_roots`."""
     v = _as_probabilities(v, "v")
     check_root_budget(v.shape[0], budget, max_per_prompt)
-    budget, K, B = int(budget), int(max_per_prompt), v.shape[0]
+    K = int(max_per_prompt)
     choices = np.array([0] + list(range(2, K + 1)), dtype=np.int64)
+    values = root_value(np.repeat(v[:, None], choices.size, axis=1), np.broadcast_to(choices, (v.size, choices.size)))
+    return _dp_from_values(values, choices, int(budget))
+
+
+def _dp_from_values(values: np.ndarray, choices: np.ndarray, budget: int) -> np.ndarray:
+    """Exact DP over per-prompt value tables: ``values[i, c]`` is prompt i's value at
+    ``choices[c]`` rollouts (``choices[0] = 0``). Ties within ``GAIN_TIE_TOL`` · budget keep the
+    allocation with fewer activated prompts."""
+    B, K = values.shape[0], int(choices[-1])
     tol = GAIN_TIE_TOL * max(budget, 1)
     best = np.full(budget + 1, -np.inf)
     best[0] = 0.0
     count = np.zeros(budget + 1, dtype=np.int64)  # activated prompts of the kept optimum
     back = np.zeros((B, budget + 1), dtype=np.int8)  # index into `choices`
     for i in range(B):
-        vals = root_value(np.full(choices.shape, v[i]), choices)
+        vals = values[i]
         new_best = best.copy()  # choice 0
         new_count = count.copy()
         new_back = np.zeros(budget + 1, dtype=np.int8)
@@ -236,6 +252,153 @@ def allocate_roots_dp(v: object, budget: int, max_per_prompt: int = 16) -> np.nd
 def root_objective(v: object, m: object) -> float:
     """``Σ_i V_root(v_i, m_i)``."""
     return float(np.sum(root_value(v, m)))
+
+
+# ============================================================================ roots under a Beta posterior
+def _as_beta_parameters(alpha: object, beta: object) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(alpha, dtype=np.float64)
+    b = np.asarray(beta, dtype=np.float64)
+    if a.ndim != 1 or a.shape != b.shape:
+        raise ValueError(f"alpha and beta must be 1-D arrays of one length, got shapes {a.shape} and {b.shape}")
+    for name, x in (("alpha", a), ("beta", b)):
+        bad = ~np.isfinite(x) | (x < 0.0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{name}[{i}] = {float(x[i])!r}: a Beta parameter must be finite and >= 0")
+    empty = (a + b) <= 0.0
+    if empty.any():
+        i = int(np.flatnonzero(empty)[0])
+        raise ValueError(f"alpha[{i}] + beta[{i}] = 0: the Beta distribution needs alpha + beta > 0")
+    return a, b
+
+
+def beta_moments(alpha: object, beta: object, order: int) -> tuple[np.ndarray, np.ndarray]:
+    """``E[p^k]`` and ``E[(1 − p)^k]`` for ``p ~ Beta(α, β)`` and ``k = 0..order``, each of shape
+    ``(B, order + 1)``, by the product recursion ``E[p^k] = Π_{j<k} (α + j)/(α + β + j)`` (no
+    differences of exponentiated log-Beta values: each factor lies in [0, 1] and the products are
+    accurate to a few ulps). ``α = 0`` is the point mass at 0, ``β = 0`` the one at 1."""
+    a, b = _as_beta_parameters(alpha, beta)
+    order = _as_int(order, "order")
+    if order < 0:
+        raise ValueError(f"order = {order}: it must be >= 0")
+    j = np.arange(order, dtype=np.float64)[None, :]
+    den = (a + b)[:, None] + j
+    ep = np.ones((a.size, order + 1))
+    eq = np.ones((a.size, order + 1))
+    np.cumprod((a[:, None] + j) / den, axis=1, out=ep[:, 1:])
+    np.cumprod((b[:, None] + j) / den, axis=1, out=eq[:, 1:])
+    return ep, eq
+
+
+def root_value_beta(alpha: object, beta: object, m: object) -> np.ndarray:
+    """``E_{p∼Beta(α,β)}[V_root(p, m)] = 1 − E[p^m] − E[(1 − p)^m]`` for m ≥ 2, and 0 for m < 2:
+    the chance that ``m`` rollouts of a prompt whose success probability is only known up to its
+    posterior hold both outcomes. ``m`` is one count per prompt (or one for all)."""
+    a, b = _as_beta_parameters(alpha, beta)
+    m = np.broadcast_to(np.asarray(m), a.shape)
+    if not np.issubdtype(m.dtype, np.integer) or np.any(m < 0):
+        raise ValueError("m must hold non-negative integers")
+    if a.size == 0:
+        return np.zeros(0)
+    ep, eq = beta_moments(a, b, int(m.max()))
+    rows = np.arange(a.size)
+    return np.where(m >= 2, 1.0 - ep[rows, m] - eq[rows, m], 0.0)
+
+
+def root_objective_beta(alpha: object, beta: object, m: object) -> float:
+    """``Σ_i E_{p∼Beta(α_i,β_i)}[V_root(p, m_i)]``."""
+    return float(np.sum(root_value_beta(alpha, beta, m)))
+
+
+def root_unit_gains_beta(alpha: np.ndarray, beta: np.ndarray, max_per_prompt: int) -> np.ndarray:
+    """Gain of each rollout unit under ``p ~ Beta(α, β)``, shape ``(B, max_per_prompt)``.
+
+    With ``f(m) = 1 − E[p^m] − E[(1−p)^m]`` (``f(1) = 0``), ``f(k+1) − f(k) = E[p(1−p)(p^{k−1} +
+    (1−p)^{k−1})]``. Let ``c = E[p(1−p)] = αβ/((α+β)(α+β+1)) = v(1−v)(α+β)/(α+β+1)``, ``v`` the
+    posterior mean. Opening at m = 2 gains ``f(2) = 2c`` (two units of ``c``), the third rollout
+    ``f(3) − f(2) = c``, and the k-th (k ≥ 4) ``E[p^{k−1}(1−p)] + E[p(1−p)^{k−1}]
+    = E[p^{k−1}]·β/(α+β+k−1) + E[(1−p)^{k−1}]·α/(α+β+k−1)``. The first three units are one
+    number ``c`` (so that they tie bit-for-bit); the rest are made monotone against rounding
+    with a running minimum (they are non-increasing in exact arithmetic: ``x^{k} ≤ x^{k−1}`` on
+    [0, 1] pointwise, and expectation keeps the order)."""
+    s = alpha + beta
+    c = (alpha / s) * (beta / (s + 1.0))  # E[p(1 − p)], written so that huge α + β cannot overflow
+    gains = np.empty((alpha.shape[0], max_per_prompt), dtype=np.float64)
+    gains[:, : min(3, max_per_prompt)] = c[:, None]
+    if max_per_prompt > 3:
+        ep, eq = beta_moments(alpha, beta, max_per_prompt - 1)
+        k = np.arange(4, max_per_prompt + 1)  # unit index k (1-based): E[·] at power k − 1
+        den = s[:, None] + (k - 1)
+        gains[:, 3:] = ep[:, k - 1] * (beta[:, None] / den) + eq[:, k - 1] * (alpha[:, None] / den)
+        np.minimum.accumulate(gains, axis=1, out=gains)
+    return gains
+
+
+def allocate_roots_beta(alpha: object, beta: object, budget: int, max_per_prompt: int = 16) -> np.ndarray:
+    """Exact posterior-aware root allocation: ``max Σ_i E_{p∼Beta(α_i,β_i)}[1 − p^{m_i} −
+    (1 − p)^{m_i}]`` s.t. ``Σ m_i = budget``, ``m_i ∈ {0} ∪ {2..max_per_prompt}`` (a skipped
+    prompt is worth 0). Same infeasible budgets, same errors and same tie rule as
+    :func:`allocate_roots`; O(B·K) after an O(B·K) selection.
+
+    **Exactness.** The expected value is again a sum of unit gains
+    (:func:`root_unit_gains_beta`): the first pair together gains ``f(2) = 2E[p(1−p)]``, the
+    third rollout ``E[p(1−p)]`` as well, and every later one
+    ``E[p(1−p)(p^{k−1} + (1−p)^{k−1})]``, which does not increase with k — the value is concave
+    from the first pair on. The argument of :func:`allocate_roots` uses nothing else (three equal
+    first units, stored as one number, then non-increasing units; a prompt's value at m ≥ 2 the
+    sum of its first m units, 0 at m = 0): the relaxation that allows m = 1 is solved by the
+    ``budget`` largest units, the {0} ∪ {2..} constraint can only bite through units tied at the
+    threshold, and the one leftover unit that no tie choice can place is repaired exactly by the
+    better of "one more unit on an open prompt" and "open a tied prompt at 2, drop the cheapest
+    last unit elsewhere". So the same solver applies verbatim and returns
+    :func:`allocate_roots_beta_dp`'s objective (tested against it and against brute force).
+
+    **The point case** is the limit ``α + β → ∞`` at a fixed mean ``v``: every moment tends to
+    ``v^k``, the gains to :func:`root_unit_gains`, and the allocation to :func:`allocate_roots`.
+
+    **This objective penalises uncertainty.** ``E[p(1−p)] = v(1−v)(α+β)/(α+β+1)``: at the same
+    posterior mean, a prompt known from a few pseudo-rollouts (an unseen prompt with a weak prior)
+    gains less from its first rollouts than one known well, because its ``p`` may well sit near 0
+    or 1. Maximising the expected number of mixed groups this step therefore exploits
+    well-measured prompts and never pays to *learn* about uncertain ones; the value of that
+    information lies in later steps, which this one-step objective does not see. That is why
+    :func:`allocate_roots_thompson` (one posterior draw per prompt, as BOTS samples) is offered
+    beside it."""
+    a, b = _as_beta_parameters(alpha, beta)
+    check_root_budget(a.shape[0], budget, max_per_prompt)
+    budget, K = int(budget), int(max_per_prompt)
+    if budget == 0:
+        return np.zeros(a.shape[0], dtype=np.int64)
+    return _allocate_from_unit_gains(root_unit_gains_beta(a, b, K), budget, K)
+
+
+def allocate_roots_beta_dp(alpha: object, beta: object, budget: int, max_per_prompt: int = 16) -> np.ndarray:
+    """Reference dynamic programme for :func:`allocate_roots_beta` (O(B · budget · K)); ties keep
+    fewer activated prompts. For tests and benchmarks."""
+    a, b = _as_beta_parameters(alpha, beta)
+    check_root_budget(a.shape[0], budget, max_per_prompt)
+    K = int(max_per_prompt)
+    choices = np.array([0] + list(range(2, K + 1)), dtype=np.int64)
+    ep, eq = beta_moments(a, b, K)
+    values = np.where(choices[None, :] >= 2, 1.0 - ep[:, choices] - eq[:, choices], 0.0)
+    return _dp_from_values(values, choices, int(budget))
+
+
+def allocate_roots_thompson(
+    alpha: object, beta: object, budget: int, max_per_prompt: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Thompson root allocation: draw one ``p_i ~ Beta(α_i, β_i)`` per prompt and return
+    :func:`allocate_roots` on the draws (BOTS's posterior sampling, with TRACE's exact point
+    solver). Uncertain prompts sometimes draw a value near 1/2 and get rollouts, so the
+    posterior learns about them — the exploration :func:`allocate_roots_beta` does not do.
+    ``α = 0`` draws 0 and ``β = 0`` draws 1 (the point masses)."""
+    a, b = _as_beta_parameters(alpha, beta)
+    check_root_budget(a.shape[0], budget, max_per_prompt)
+    proper = (a > 0) & (b > 0)
+    draw = np.where(b == 0, 1.0, 0.0)
+    if proper.any():
+        draw[proper] = rng.beta(a[proper], b[proper])
+    return allocate_roots(draw, budget, max_per_prompt)
 
 
 # ============================================================================ SPEC §3: prefixes
