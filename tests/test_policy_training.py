@@ -67,6 +67,31 @@ def test_packed_logprobs_equal_per_path_logprobs(model_dir: Path) -> None:
     assert int(targets.loss_mask.sum()) == sum(t.num_generated_tokens() for t in trees)
 
 
+@pytest.mark.parametrize("attn", ["tree", "sdpa"])
+def test_policy_logprobs_of_each_attention_equal_the_reference(model_dir: Path, attn: str) -> None:
+    """The policy's log-prob path (chunked head) under the tree kernel and the dense mask gives
+    the per-token log-probs of the full-logits reference above."""
+    from transformers import AutoModelForCausalLM
+
+    from trace_core.tree_packing.attention import model_attention
+    from trace_core.tree_packing.logprobs import install_logprob_head, packed_token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 attn_implementation=model_attention(attn)).eval()
+    install_logprob_head(model, max_logits_per_chunk=4 * 512)
+    trees, adv = synthetic_trees(512)
+    (pack, targets), = pack_trees_for_training(trees, adv, max_tokens_per_forward=1 << 30)
+    ids = torch.as_tensor(pack.token_ids)
+    with torch.no_grad():
+        got = packed_token_logprobs(model, pack, targets.predecessor, targets.loss_mask, torch.device("cpu"), attn)
+        mask = tree_attention_mask(pack, torch.device("cpu"), "sdpa")
+        model.config._attn_implementation = "sdpa"
+        logits = model(input_ids=ids[None], position_ids=torch.as_tensor(pack.position_ids)[None],
+                       attention_mask={"full_attention": mask}, use_cache=False).logits[0]
+    ref = token_logprobs(logits, ids, torch.as_tensor(targets.predecessor)) * torch.as_tensor(targets.loss_mask)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=0)
+
+
 def test_ppo_clip_loss() -> None:
     cfg = PPOLossConfig(clip_eps=0.2)
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])

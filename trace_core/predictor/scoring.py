@@ -1,10 +1,12 @@
-"""Forward passes over :class:`~trace_core.predictor.packing.Pack` objects.
+"""Forward passes over :class:`~trace_core.tree_packing.layout.Pack` objects.
 
 One pack is one forward with batch size 1 and no padding, so the tokens entering the backbone
 are exactly the pack's distinct tokens. The attention pattern is handed to transformers as a
-prepared mask (``{"full_attention": mask}`` skips its own mask construction): a sparse
-:class:`~trace_core.predictor.tree_attention.TreeAttentionPlan` for ``"tree"`` (the default), or
-a dense 4D mask — boolean for the ``sdpa`` kernel (True = attend), additive float for ``eager``.
+prepared mask (``{"full_attention": mask}`` skips its own mask construction) by
+:func:`~trace_core.tree_packing.attention.attention_inputs` — the one tree-attention path the
+policy update uses too: a sparse, linear-memory
+:class:`~trace_core.tree_packing.attention.TreeAttentionPlan` for ``"tree"`` (the default), or
+the dense 4D reference mask for ``sdpa`` (boolean) and ``eager`` (additive float).
 """
 
 from __future__ import annotations
@@ -16,20 +18,10 @@ import numpy as np
 import torch
 
 from trace_core.predictor.model import PrefixValueModel
-from trace_core.predictor.packing import Pack, TokenTree, pack_token_trees
-from trace_core.predictor.tree_attention import build_plan
+from trace_core.tree_packing.attention import attention_inputs, tree_attention_mask
+from trace_core.tree_packing.layout import Pack, TokenTree, pack_token_trees
 
-
-def tree_attention_mask(pack: Pack, device: torch.device, attn_implementation: str) -> torch.Tensor:
-    """``(1, 1, L, L)`` mask: token q sees token k iff k's node is q's node or an ancestor, and k <= q."""
-    seg = torch.as_tensor(pack.token_segment, device=device)
-    anc = torch.as_tensor(pack.segment_ancestors, device=device)
-    n = seg.numel()
-    allowed = anc[seg][:, seg] & torch.ones(n, n, dtype=torch.bool, device=device).tril_()
-    if attn_implementation == "sdpa":
-        return allowed[None, None]
-    zero = torch.zeros((), dtype=torch.float32, device=device)
-    return torch.where(allowed, zero, torch.finfo(torch.float32).min)[None, None]
+__all__ = ["autocast_context", "pack_logits", "score_token_trees", "tree_attention_mask"]
 
 
 def autocast_context(device: torch.device, compute_dtype: str):
@@ -49,12 +41,9 @@ def pack_logits(
         raise ValueError("token ids must be >= 0")
     ids = torch.as_tensor(pack.token_ids, device=device)[None]
     pos = torch.as_tensor(pack.position_ids, device=device)[None]
-    if attn_implementation == "tree":
-        mask = build_plan(pack, device)
-    else:
-        mask = tree_attention_mask(pack, device, attn_implementation)
+    mask = attention_inputs(pack, attn_implementation, device)
     with autocast_context(device, compute_dtype):
-        return model(ids, pos, {"full_attention": mask})[0]
+        return model(ids, pos, mask)[0]
 
 
 @torch.no_grad()

@@ -3,10 +3,13 @@
 Every rank receives the same list of trees and advantages (the rollout result); the trees are
 split deterministically into ``world_size × micro_batches`` groups balanced by token count, each
 group one backward over one packed forward per tree (shared prefixes trained once; attention
-never crosses trees, so trees are not packed together). The loss of a group is its summed token
-losses divided by the step's total number of model-written tokens, scaled so that DeepSpeed's
-division by the accumulation steps and its averaging over ranks give exactly the gradient of the
-step's token-mean loss — the same update whatever the number of processes or the ZeRO stage.
+never crosses trees, so trees are not packed together). A packed forward runs the shared tree
+attention of :mod:`trace_core.tree_packing` — memory linear in the tree's tokens, the LM head in
+vocabulary chunks — so a tree of tens of thousands of tokens never builds an ``L × L`` mask nor
+its ``L × V`` logits. The loss of a group is its summed token losses divided by the step's total
+number of model-written tokens, scaled so that DeepSpeed's division by the accumulation steps
+and its averaging over ranks give exactly the gradient of the step's token-mean loss — the same
+update whatever the number of processes or the ZeRO stage.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from trace_core.predictor.scoring import tree_attention_mask
 from trace_core.training.ppo import (
     PackedTargets,
     PPOLossConfig,
@@ -29,6 +31,8 @@ from trace_core.training.ppo import (
     ppo_clip_token_losses,
 )
 from trace_core.tree import RolloutTree
+from trace_core.tree_packing.attention import TreeAttentionConfig, model_attention
+from trace_core.tree_packing.logprobs import DEFAULT_MAX_LOGITS, install_logprob_head, packed_token_logprobs
 
 
 @dataclass
@@ -45,7 +49,11 @@ class PolicyTrainConfig:
     ppo: PPOLossConfig = field(default_factory=PPOLossConfig)  # surrogate and KL settings
     dist_backend: str = "gloo"  # "gloo" on CPU, "nccl" on GPUs
     dtype: str = "float32"  # "float32" or "bfloat16" (bf16 mixed precision on GPUs)
-    attn_implementation: str = "sdpa"  # "sdpa" or "eager" (the tree mask is dense)
+    # "tree": sparse tree attention, memory linear in the packed tokens; "sdpa" / "eager": the dense
+    # L × L tree mask (the reference it is tested against; quadratic memory)
+    attn_implementation: str = "tree"
+    tree_attention: TreeAttentionConfig = field(default_factory=TreeAttentionConfig)  # how "tree" batches its calls
+    max_logits_per_chunk: int = DEFAULT_MAX_LOGITS  # LM-head logits materialised at once when scoring tokens
     seed: int = 0  # torch seed for anything stochastic in the update
 
     def __post_init__(self) -> None:
@@ -59,6 +67,10 @@ class PolicyTrainConfig:
             raise ValueError(f"dist_backend must be 'gloo' or 'nccl', got {self.dist_backend!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.attn_implementation not in ("tree", "sdpa", "eager"):
+            raise ValueError(f"attn_implementation must be 'tree', 'sdpa' or 'eager', got {self.attn_implementation!r}")
+        if self.max_logits_per_chunk < 1:
+            raise ValueError(f"max_logits_per_chunk must be >= 1, got {self.max_logits_per_chunk}")
 
 
 def init_distributed(backend: str) -> tuple[int, int]:
@@ -115,14 +127,16 @@ class PolicyOptimizer:
         self.rank, self.world_size = init_distributed(config.dist_backend)
         torch.manual_seed(config.seed)
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype=torch.float32, attn_implementation=config.attn_implementation
-        )
+        attention = model_attention(config.attn_implementation)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation=attention)
+        # before DeepSpeed wraps (and under ZeRO-3 partitions) it: the head keeps its parameter
+        install_logprob_head(model, config.max_logits_per_chunk)
         self.ref_model = None
         if config.ppo.kl_coef > 0:  # frozen copy of the starting policy
             self.ref_model = AutoModelForCausalLM.from_pretrained(
-                str(model_dir), dtype=dtype, attn_implementation=config.attn_implementation
+                str(model_dir), dtype=dtype, attn_implementation=attention
             ).eval().requires_grad_(False)
+            install_logprob_head(self.ref_model, config.max_logits_per_chunk)
         ds_config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": config.micro_batches,
@@ -139,22 +153,16 @@ class PolicyOptimizer:
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
         )
         self.device = self.engine.device
+        if self.ref_model is not None:  # DeepSpeed placed the policy; the frozen copy follows it
+            self.ref_model.to(self.device)
         self.updates = 0
 
     # ------------------------------------------------------------------ forward pieces
     def _logprobs(self, model: torch.nn.Module, pack, targets: PackedTargets) -> torch.Tensor:
         """Log-probs of the pack's model-written tokens (0 elsewhere: nothing reads them). The
-        LM head runs only at their predecessors (``logits_to_keep``), not at every packed token."""
-        ids = torch.as_tensor(pack.token_ids, device=self.device)
-        pos = torch.as_tensor(pack.position_ids, device=self.device)[None]
-        mask = tree_attention_mask(pack, self.device, self.config.attn_implementation)
-        pred = torch.as_tensor(targets.predecessor, device=self.device)
-        wanted = torch.as_tensor(targets.loss_mask, device=self.device) & (pred >= 0)
-        keep, row = torch.unique(pred[wanted], return_inverse=True)
-        out = model(input_ids=ids[None], position_ids=pos, attention_mask={"full_attention": mask}, use_cache=False,
-                    logits_to_keep=keep)
-        logp = torch.log_softmax(out.logits[0].float(), dim=-1)[row, ids[wanted]]
-        return torch.zeros(ids.shape, dtype=logp.dtype, device=self.device).masked_scatter(wanted, logp)
+        LM head runs only at their predecessors, in vocabulary chunks."""
+        return packed_token_logprobs(model, pack, targets.predecessor, targets.loss_mask, self.device,
+                                     self.config.attn_implementation, self.config.tree_attention)
 
     def _my_groups(self, trees: Sequence[RolloutTree]) -> tuple[list[list[int]], list[int], int]:
         """This rank's groups, the number of forwards each of its micro-batches makes (the most
@@ -181,7 +189,7 @@ class PolicyOptimizer:
         if total_tokens == 0:
             raise ValueError("the trees hold no model-written tokens to train on")
         # One pack per tree: attention never crosses trees, so packing a group's trees together
-        # only grows the dense mask quadratically (Σ L_i)² instead of Σ L_i². A group is still one
+        # would gain nothing (and grow the dense reference mask to (Σ L_i)²). A group is still one
         # backward (its trees' losses summed), so the update is the same.
         packed: list[list[tuple[Any, PackedTargets]] | None] = []
         for g in groups:
