@@ -134,7 +134,7 @@ def test_loader_errors_name_the_file_and_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"math500.jsonl: row 1: no answer field"):
         load_dataset("math500", bad)
     bad.write_text('{"problem": "What is 1+1?"\n')
-    with pytest.raises(ValueError, match=r"math500.jsonl:1: not valid JSON"):
+    with pytest.raises(DataValidationError, match=r"(?s)math500.jsonl \(while reading\).*valid JSON: line 1"):
         read_records(bad)
     with pytest.raises(ValueError, match="unsupported format '.txt'"):
         read_records(_touch(tmp_path / "a.txt"))

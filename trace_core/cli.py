@@ -36,9 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "show-config":
         print(dump_yaml(cfg), end="")
         return 0
+    from trace_core.data.reading import DataValidationError
     from trace_core.training.trainer import train
 
-    summary = train(cfg)
+    try:
+        summary = train(cfg)
+    except DataValidationError as err:  # its message is the report (file, rules, rows): no traceback
+        print(f"trace-rl: {err}", file=sys.stderr)
+        return 2
     print(json.dumps({k: summary[k] for k in ("method", "steps", "run_id", "wall_s")}, default=str))
     return 0
 

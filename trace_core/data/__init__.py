@@ -4,7 +4,9 @@ published formats, Great Expectations validation, and the embedded default data.
     schema.py      Example / Passage and the on-disk JSONL form
     loaders.py     DeepScaleR, AIME24, AMC23, MATH500, MinervaMath, OlympiadBench, MMLU-Pro, ARC-c,
                    GPQA-diamond, HotpotQA, 2WikiMultiHopQA, MuSiQue, Bamboogle, BFCL -> Example
+    reading.py     strict UTF-8, a maximum row size and JSON per line, bad lines named (file:line)
     validation.py  a GX suite per kind (math, mc, qa, fc, corpus); load_validated() raises on bad rows
+                   (CLI: python -m trace_core.data.validation FILE...)
     hashing.py     version-proof hash draws and splits
     arith.py       generated arithmetic/algebra word problems (math + Python tool)
     kb.py          generated fictional knowledge base, passage corpus and 2-4-hop questions

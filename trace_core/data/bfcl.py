@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_core.data.hashing import hash_unit
+from trace_core.data.reading import ReadConfig, read_json_lines
 from trace_core.data.schema import Example
 
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
@@ -64,19 +65,6 @@ def bfcl_split(entry_id: str) -> str:
     return "test" if _scenario_unit(scenario) < _test_threshold() else "train"
 
 
-def _read_json_lines(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
-    return rows
-
-
 def answer_path(question_path: Path) -> Path:
     """BFCL keeps ground truth in ``possible_answer/<same file name>`` next to the questions."""
     return question_path.parent / "possible_answer" / question_path.name
@@ -110,19 +98,21 @@ def to_example(entry: dict[str, Any], ground_truth: list[list[str]], split: str 
     )
 
 
-def load_bfcl_file(path: str | Path, split: str | None = None) -> list[Example]:
+def load_bfcl_file(path: str | Path, split: str | None = None, read: ReadConfig | None = None) -> list[Example]:
     """A BFCL multi-turn question file (JSON lines) joined with its possible-answer file.
 
-    ``split`` overrides the scenario hash split (e.g. ``"test"`` to evaluate on everything).
+    ``split`` overrides the scenario hash split (e.g. ``"test"`` to evaluate on everything);
+    ``read`` bounds the row size of both files.
     """
     path = Path(path)
-    entries = _read_json_lines(path)
+    read = read or ReadConfig()
+    entries, _ = read_json_lines(path, read)
     answers_file = answer_path(path)
     if not answers_file.exists():
         raise ValueError(
             f"{path}: ground truth file {answers_file} not found (BFCL's possible_answer layout)"
         )
-    truth = {row["id"]: row["ground_truth"] for row in _read_json_lines(answers_file)}
+    truth = {row["id"]: row["ground_truth"] for row in read_json_lines(answers_file, read)[0]}
     missing = [e["id"] for e in entries if e["id"] not in truth]
     if missing:
         raise ValueError(f"{path}: no ground truth in {answers_file} for ids {missing[:10]}")

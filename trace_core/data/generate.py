@@ -1,6 +1,7 @@
 """The embedded default data: generate it, and verify it against ``data.dvc``.
 
-``python -m trace_core.data.generate --out data/`` writes::
+``python -m trace_core.data.generate --out data/`` writes (and validates: an invalid file prints
+its report, rows and rules, and exits with status 2)::
 
     data/MANIFEST.json          sizes, seeds, generator version, the bfcl-eval version used
     data/math/{train,test}.jsonl    arithmetic/algebra word problems (arith.py)
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_core.data import arith, bfcl, kb
+from trace_core.data.reading import DataValidationError, ReadConfig
 from trace_core.data.schema import Example, Passage, jsonl_line
 
 GENERATOR_VERSION = 1  # bump when the output of an unchanged config changes
@@ -114,14 +116,14 @@ def generate(out: str | Path, config: GenerateConfig = GenerateConfig()) -> dict
     return counts
 
 
-def validate_dir(root: str | Path) -> dict[str, str]:
+def validate_dir(root: str | Path, read: ReadConfig | None = None) -> dict[str, str]:
     """Run every generated file through its Great Expectations suite; returns file -> kind."""
     from trace_core.data.validation import load_validated  # lazy: GX takes seconds to import
 
     root = Path(root)
     kinds = {}
     for path in sorted(root.rglob("*.jsonl")):
-        rows = load_validated(path)
+        rows = load_validated(path, read=read)
         kinds[str(path.relative_to(root))] = (
             "corpus" if rows and isinstance(rows[0], Passage) else rows[0].task
         )
@@ -190,7 +192,15 @@ def main(argv: list[str] | None = None) -> int:
         "--dvc-file", default="data.dvc", help="the .dvc file to verify against (default: data.dvc)"
     )
     parser.add_argument("--no-validate", action="store_true", help="skip the Great Expectations suites")
+    parser.add_argument(
+        "--max-row-bytes", type=int, default=ReadConfig.max_row_bytes,
+        help=f"largest row the validation accepts, in bytes (default: {ReadConfig.max_row_bytes})",
+    )
     args = parser.parse_args(argv)
+    try:
+        read = ReadConfig(max_row_bytes=args.max_row_bytes)
+    except ValueError as err:
+        parser.error(str(err))  # exits with status 2
     if args.verify:
         result = verify(args.out, args.dvc_file)
         status = "OK" if result.ok else "MISMATCH"
@@ -214,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rel:22s} {n:6d}")
     print(f"generated {args.out} in {elapsed:.2f} s")
     if not args.no_validate:
-        kinds = validate_dir(args.out)
+        try:
+            kinds = validate_dir(args.out, read)
+        except DataValidationError as err:  # the report is the message: no traceback above it
+            print(err, file=sys.stderr)
+            return 2
         print(f"validated {len(kinds)} files: " + ", ".join(f"{k} ({v})" for k, v in kinds.items()))
     return 0
 

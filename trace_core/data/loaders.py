@@ -35,6 +35,7 @@ on invalid data.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,44 +44,47 @@ from typing import Any
 
 from trace_core.data.bfcl import load_bfcl_file
 from trace_core.data.hashing import HashRng
+from trace_core.data.reading import ReadConfig, check_row_sizes, read_json_lines, read_text
 from trace_core.data.schema import LETTERS, Example
 
 Row = dict[str, Any]
 
 
 # ----------------------------------------------------------------------------------- file reading
-def read_records(path: str | Path) -> list[Row]:
-    """The rows of a published dataset file, as plain Python dicts (nested lists/dicts kept)."""
+def read_records(path: str | Path, read: ReadConfig | None = None) -> list[Row]:
+    """The rows of a published dataset file, as plain Python dicts (nested lists/dicts kept).
+
+    Text is decoded as strict UTF-8 and no row may exceed ``read.max_row_bytes``: a
+    :class:`~trace_core.data.reading.DataValidationError` names every offending line or row.
+    """
     path = Path(path)
+    read = read or ReadConfig()
     if not path.is_file():
         raise ValueError(f"dataset file {path} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq  # heavy: imported on use
 
-        return pq.read_table(path).to_pylist()
+        rows = pq.read_table(path).to_pylist()
+        check_row_sizes(rows, str(path), read)
+        return rows
     if suffix == ".csv":
-        with path.open(encoding="utf-8", newline="") as fh:
-            return list(csv.DictReader(fh))
+        rows = list(csv.DictReader(io.StringIO(read_text(path), newline="")))
+        check_row_sizes(rows, str(path), read)
+        return rows
     if suffix not in (".json", ".jsonl"):
         raise ValueError(f"{path}: unsupported format {suffix!r}; use .json, .jsonl, .parquet or .csv")
-    text = path.read_text(encoding="utf-8")
     if suffix == ".json":
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
+            data = json.loads(read_text(path))
+        except (json.JSONDecodeError, RecursionError):
             data = None  # JSON lines under a .json name (BFCL, some HF exports)
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if isinstance(data, list):
+            check_row_sizes(data, str(path), read)
             return _dict_rows(data, path)
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+    rows, _ = read_json_lines(path, read)
     return _dict_rows(rows, path)
 
 
@@ -404,22 +408,25 @@ BFCL = "bfcl"
 
 
 def load_dataset(
-    name: str, path: str | Path, split: str | None = None, validate: bool = True
+    name: str, path: str | Path, split: str | None = None, validate: bool = True,
+    read: ReadConfig | None = None,
 ) -> list[Example]:
     """Load a published dataset file as validated examples.
 
     ``split`` labels the examples (default: the dataset's usual role, e.g. DeepScaleR "train",
     the benchmarks "test"; BFCL: the per-scenario 80/20 split). With ``validate`` the rows go
     through the dataset kind's Great Expectations suite and a
-    :class:`~trace_core.data.validation.DataValidationError` names the bad rows.
+    :class:`~trace_core.data.validation.DataValidationError` names the bad rows. ``read`` sets
+    how the file is read (the maximum row size); undecodable or oversized rows fail even
+    without ``validate``.
     """
     if name == BFCL:
-        examples, kind = load_bfcl_file(path, split), "fc"
+        examples, kind = load_bfcl_file(path, split, read), "fc"
     else:
         spec = DATASETS.get(name)
         if spec is None:
             raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS) + [BFCL]}")
-        rows = read_records(path)
+        rows = read_records(path, read)
         label = split or spec.default_split
         examples = [spec.convert(row, i, label, f"{path}: row {i + 1}") for i, row in enumerate(rows)]
         kind = "mc" if spec.multiple_choice else spec.task

@@ -15,59 +15,32 @@ Nested fields are checked through derived columns (``n_answers``, ``answer_index
 the suite rejects, so every problem becomes a failed rule on identified rows. A failure raises
 :class:`DataValidationError` (a ValueError) naming the file, the rule and each bad row's line
 and id. Great Expectations is imported only when a validation runs (it takes seconds).
+
+Before any suite a file is read by :mod:`trace_core.data.reading`: a line that is not UTF-8, not
+JSON, or larger than ``ReadConfig.max_row_bytes`` (1 MiB by default) is named the same way.
+
+    python -m trace_core.data.validation data/math/train.jsonl [--kind math] [--max-row-bytes N]
+
+prints the report of each invalid file (without a traceback) and exits with status 2.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import logging
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trace_core.data.bfcl import CATEGORIES
+from trace_core.data.reading import BadRow, DataValidationError, ReadConfig, read_json_lines
 from trace_core.data.schema import COLUMNS, LETTERS, PASSAGE_COLUMNS, SPLITS, Example, Passage
 
 KINDS = ("math", "mc", "qa", "fc", "corpus")
 PROMPT_MAX_CHARS = {"math": 8000, "mc": 8000, "qa": 2000, "fc": 8000}
 PASSAGE_MAX_CHARS = 8000
-MAX_ROWS_SHOWN = 20  # per rule in the error message
 _KIND_TASK = {"math": "math", "mc": "math", "qa": "qa", "fc": "fc"}
-
-
-@dataclass(frozen=True)
-class BadRow:
-    line: int  # 1-based line (JSONL) or row number of the example in its file
-    id: str | None  # None when the id itself is missing
-    rule: str
-
-
-class DataValidationError(ValueError):
-    """A dataset broke its suite; ``bad_rows`` lists every (line, id, rule) found."""
-
-    def __init__(self, origin: str, kind: str, bad_rows: list[BadRow], table_rules: list[str]):
-        self.origin, self.kind, self.bad_rows, self.table_rules = origin, kind, bad_rows, table_rules
-        super().__init__(self._message())
-
-    @property
-    def bad_ids(self) -> list[str | None]:
-        return list(dict.fromkeys(row.id for row in self.bad_rows))
-
-    def _message(self) -> str:
-        lines = [
-            f"invalid data in {self.origin} (suite {self.kind!r}): "
-            f"{len({r.line for r in self.bad_rows})} bad row(s), {len(self.table_rules)} table rule(s) broken"
-        ]
-        lines += [f"  - {rule}" for rule in self.table_rules]
-        by_rule: dict[str, list[BadRow]] = {}
-        for row in self.bad_rows:
-            by_rule.setdefault(row.rule, []).append(row)
-        for rule, rows in by_rule.items():
-            shown = ", ".join(f"line {r.line} (id {r.id!r})" for r in rows[:MAX_ROWS_SHOWN])
-            more = f", ... and {len(rows) - MAX_ROWS_SHOWN} more" if len(rows) > MAX_ROWS_SHOWN else ""
-            lines.append(f"  - {rule}: {shown}{more}")
-        return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------- derived frame
@@ -323,29 +296,62 @@ def validate_examples(examples: Sequence[Example], origin: str, kind: str | None
     validate_records([ex.to_record() for ex in examples], origin, kind)
 
 
-def read_jsonl(path: str | Path) -> tuple[list[Any], list[int]]:
-    """The records of a JSONL file with their line numbers; a line that is not JSON raises."""
-    path = Path(path)
-    records, lines = [], []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, 1):
-            if not text.strip():
-                continue
-            try:
-                records.append(json.loads(text))
-            except json.JSONDecodeError as err:
-                raise DataValidationError(
-                    str(path), "json", [BadRow(lineno, None, f"not valid JSON ({err.msg})")], []
-                ) from err
-            lines.append(lineno)
-    return records, lines
+def read_jsonl(path: str | Path, read: ReadConfig | None = None) -> tuple[list[Any], list[int]]:
+    """The records of a JSONL file with their line numbers; a line that is not UTF-8, not JSON or
+    over ``read.max_row_bytes`` raises a :class:`DataValidationError` naming it (and every other)."""
+    return read_json_lines(path, read or ReadConfig())
 
 
-def load_validated(path: str | Path, kind: str | None = None) -> list[Example] | list[Passage]:
+def load_validated(
+    path: str | Path, kind: str | None = None, read: ReadConfig | None = None
+) -> list[Example] | list[Passage]:
     """Read a normalized JSONL file (examples or corpus passages), validate it, and only then
     return its rows as dataclasses. Raises :class:`DataValidationError` on any bad row."""
-    records, lines = read_jsonl(path)
+    records, lines = read_jsonl(path, read)
     kind = validate_records(records, str(path), kind, lines)
     if kind == "corpus":
         return [Passage.from_record(r) for r in records]
     return [Example.from_record(r) for r in records]
+
+
+# ----------------------------------------------------------------------------------- command line
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trace_core.data.validation FILE...``: each file through its suite.
+
+    Prints one line per valid file; for an invalid one, the report (file, rules, rows by line and
+    id) on stderr, without a traceback. Exit status 0 when every file is valid, 2 otherwise.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m trace_core.data.validation",
+        description="Validate normalized JSONL data files (examples or corpus passages).",
+    )
+    parser.add_argument("files", nargs="+", type=Path, help="JSONL files to validate")
+    parser.add_argument("--kind", choices=KINDS, help="the suite to apply (default: inferred per file)")
+    parser.add_argument(
+        "--max-row-bytes", type=int, default=ReadConfig.max_row_bytes,
+        help=f"largest row accepted, in bytes (default: {ReadConfig.max_row_bytes})",
+    )
+    args = parser.parse_args(argv)
+    try:
+        read = ReadConfig(max_row_bytes=args.max_row_bytes)
+    except ValueError as err:
+        parser.error(str(err))  # exits with status 2
+    failed = 0
+    for path in args.files:
+        try:
+            rows = load_validated(path, args.kind, read)
+        except DataValidationError as err:
+            print(err, file=sys.stderr)
+            failed += 1
+            continue
+        except OSError as err:  # a missing or unreadable file is a bad input too, named as such
+            print(f"cannot read {path}: {err.strerror or err}", file=sys.stderr)
+            failed += 1
+            continue
+        what = "passages" if rows and isinstance(rows[0], Passage) else "examples"
+        print(f"valid: {path} ({len(rows)} {what})")
+    return 2 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,8 +5,11 @@ The job arrives as JSON on stdin: {"cells": [...], "seed": int, "cell_cpu_second
 order. Every cell but the last is a replay of the tool's earlier turns: its output (Python-level
 and fd-level, so subprocesses too) goes to /dev/null. The last cell is the one the agent sees: its
 stdout/stderr are the sandbox's.
-After each cell one JSON line goes to fd 3 for the host's bookkeeping (which cell finished, its
-exception if any). That channel is informational only: nothing the host enforces depends on it.
+After each cell one JSON line goes to fd 3 for the host's bookkeeping: {"kind": "cell", "index",
+"error", "memory_error", "wall_seconds", "cpu_seconds"}. The code runs in this process and can write
+fd 3 too, so the host believes none of it: it times the cells by its own clock as it reads the
+lines, bounds the CPU figures by the init's measurement, and voids a call whose lines are not
+exactly these records, in order (see "Accounting" in `trace_core.envs.sandbox`).
 
 Stdlib only at start-up; `random` is seeded so replayed cells draw the same numbers.
 """

@@ -34,6 +34,7 @@ metadata) is right when the answer's option letter equals the reference letter.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections.abc import Sequence
@@ -60,12 +61,20 @@ class MathEnvConfig:
 
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of every python cell
     max_observation_chars: int = 2000  # the tool's text is cut here before the model reads it
-    replay_time_factor: float = 2.0  # replayed cells get this multiple of their measured time
+    # Replayed cells get this multiple of the time the host measured them to take (each cut at its
+    # cell limits); nothing the sandboxed code reports can raise it.
+    replay_time_factor: float = 2.0
     replay_slack_seconds: float = 0.5  # ... plus this, so a loaded machine does not time out a prefix
 
     def __post_init__(self) -> None:
         if self.max_observation_chars < 1:
             raise ValueError(f"max_observation_chars must be >= 1, got {self.max_observation_chars}")
+        if not (math.isfinite(self.replay_time_factor) and self.replay_time_factor >= 1.0):
+            raise ValueError(f"replay_time_factor must be a finite number >= 1, got {self.replay_time_factor}")
+        if not (math.isfinite(self.replay_slack_seconds) and self.replay_slack_seconds >= 0):
+            raise ValueError(
+                f"replay_slack_seconds must be a finite number >= 0, got {self.replay_slack_seconds}"
+            )
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,20 @@ Replay is exact when cells are deterministic. `random` is seeded and PYTHONHASHS
 reads the clock, os.urandom or an unseeded numpy Generator gets fresh values on replay. Cells that
 were stopped (wall clock, CPU, output cap, crash) are not part of the state, as if a notebook kernel
 had been restarted with the cells that did finish.
+
+Accounting the code cannot inflate. The runner reports each cell on a pipe (fd 3) that the cell's
+own code can write to as well, so nothing on it is believed. The host accounts from what it
+measures itself: a cell's wall time is the host clock between reading the report that ends the
+cell before it and the report that ends it; its CPU time is at most the call's CPU as the init
+measured it (wait4 of the runner), and the runner's own figure can only lower it; each is also cut
+at the cell's own limit. A replay is granted `replay_time_factor` times the sum of those figures
+(plus a fixed slack for the wall clock), so no grant exceeds a fixed factor of host-measured time,
+nor `replay_time_factor` x the cells' limits, whatever the code writes.
+The visible cell's wall clock starts when the replay's last report is read, so a replay that
+finishes early lends it nothing, and a report forged early only shortens it. Reports are parsed
+defensively: a line that is not a well-formed report of the next cell, with finite times no larger
+than the host measured for the whole call, voids the call (a stopped cell and a tool error for the
+agent, never an exception in the host and never extra time).
 """
 
 from __future__ import annotations
@@ -68,6 +82,10 @@ _WORKDIR = "/tmp/w"
 _READ_CHUNK = 65536
 _INIT_DEADLINE_GRACE_S = 2.0  # the init's own alarm, a backstop should the host die mid-call
 _RUNNER_CHANNEL_CAP = 1 << 20  # bytes of bookkeeping records read from the runner before ignoring it
+_MAX_REPORT_BYTES = 16 << 10  # a genuine report is < 4 kB (its error text is cut at 500 characters)
+_MAX_ERROR_CHARS = 500
+_REPORT_TOLERANCE_S = 0.05  # clock granularity between the runner's figures and the host's
+_REPORT_KEYS = ("kind", "index", "error", "memory_error", "wall_seconds", "cpu_seconds")
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -79,9 +97,12 @@ class SandboxConfig:
     """Limits and identity of one sandboxed Python cell.
 
     cpu_seconds: CPU time (user + system) the visible cell may use, in whole seconds
-        (RLIMIT_CPU; SIGXCPU then SIGKILL). Replayed cells get their own measured time on top.
-    wall_seconds: wall-clock time for one call, sandbox start-up (~0.1 s) included; the host kills
-        the whole namespace when it passes. Replayed cells get their own measured time on top.
+        (RLIMIT_CPU; SIGXCPU then SIGKILL). A replay is granted a multiple of the CPU its cells were
+        measured to use on top (see `PythonToolSession`).
+    wall_seconds: wall-clock time of the visible cell, counted from the end of the replay (from
+        the call's start, sandbox start-up ~0.1 s included, when there is none); the host kills the
+        whole namespace when it passes, and in any case once the call has run wall_seconds plus the
+        replay's grant, a multiple of its cells' measured time (see `PythonToolSession`).
     memory_bytes: address space per process (RLIMIT_AS). Allocations beyond it raise MemoryError.
         The most one call can hold is about max_processes * memory_bytes + tmp_bytes + shm_bytes.
     max_output_bytes: stdout + stderr bytes the agent sees; a cell that prints more is stopped and
@@ -165,8 +186,14 @@ class SandboxResult:
     completed: the visible cell ran to its end (with or without an exception); only such cells
         become part of a tool session's state.
     wall_seconds: host-measured time of the whole call.
-    cpu_seconds: CPU time of the runner and the children it waited for (all cells of the call).
+    cpu_seconds: CPU time of the runner and the children it waited for (all cells of the call), as
+        the init measured it; None when the host killed the sandbox first.
     max_rss_bytes: peak resident memory of the runner.
+    cell_wall_seconds: per reported cell, the host clock between reading the report before it (or
+        the call's start) and reading its own; only cells with a well-formed report in order.
+    cell_cpu_seconds: per reported cell, the runner's figure, but never more than this call's
+        `cpu_seconds` (or its CPU limit, when that is unknown): the code can write the figure, so
+        it can only ever lower what a replay is granted.
     """
 
     stdout: str
@@ -278,6 +305,135 @@ def _base_env(config: SandboxConfig) -> dict[str, str]:
     }
     env.update(dict(config.extra_env))
     return env
+
+
+class _ReportChannel:
+    """The runner's report lines, each stamped with the host clock at the moment the host read it.
+
+    Bytes past `_RUNNER_CHANNEL_CAP` are drained but not kept (the code could write forever).
+    """
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.lines: list[tuple[float, bytes]] = []  # (seconds since the call started, line)
+        self.size = 0
+        self._partial = bytearray()
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        self.size += len(chunk)
+        if self.size > _RUNNER_CHANNEL_CAP:
+            return
+        self._partial += chunk
+        *complete, rest = self._partial.split(b"\n")
+        self.lines.extend((now - self.start, bytes(line)) for line in complete)
+        self._partial = bytearray(rest)
+
+    def problem(self) -> str | None:
+        """What makes the channel as a whole unreadable, if anything."""
+        if self.size > _RUNNER_CHANNEL_CAP:
+            return f"more than {_RUNNER_CHANNEL_CAP} bytes of reports"
+        if self._partial:
+            return f"an unterminated line after line {len(self.lines)}"
+        return None
+
+
+@dataclass(frozen=True)
+class _CellReport:
+    """One well-formed report from the runner; `arrived` is the host's own clock."""
+
+    index: int
+    error: str | None
+    memory_error: bool
+    cpu_seconds: float  # the runner's own figure: informational, only ever lowers what is granted
+    arrived: float  # seconds after the call started that the host read it
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _finite_seconds(value: object) -> float | None:
+    """`value` as seconds if it is a finite number >= 0 (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer with hundreds of digits
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _parse_report(
+    raw: bytes, arrived: float, expected: int, n_cells: int, host_wall: float, host_cpu: float
+) -> _CellReport | str:
+    """The report of cell `expected` read at `arrived`, or what is wrong with the line, in words.
+
+    host_wall / host_cpu: what the host measured for the whole call; no cell can have used more.
+    """
+    if len(raw) > _MAX_REPORT_BYTES:
+        return f"a line of {len(raw)} bytes (a report has at most {_MAX_REPORT_BYTES})"
+    try:
+        rec = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        return f"not JSON ({type(exc).__name__})"
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    for key in _REPORT_KEYS:
+        if key not in rec:
+            return f"no {key!r}"
+    if rec["kind"] != "cell":
+        return f"kind {_show(rec['kind'])}, not 'cell'"
+    index = rec["index"]
+    if isinstance(index, bool) or not isinstance(index, int) or index != expected:
+        return f"index {_show(index)} where the report of cell {expected} (of 0..{n_cells - 1}) was due"
+    for key, measured in (("wall_seconds", host_wall), ("cpu_seconds", host_cpu)):
+        seconds = _finite_seconds(rec[key])
+        if seconds is None:
+            return f"{key} {_show(rec[key])}, not a finite number >= 0"
+        if seconds > measured + _REPORT_TOLERANCE_S:
+            return f"{key} {seconds:.6g}, more than the host measured for the whole call ({measured:.3f})"
+    error = rec["error"]
+    if error is not None and not isinstance(error, str):
+        return f"error {_show(error)}, not a string or null"
+    if not isinstance(rec["memory_error"], bool):
+        return f"memory_error {_show(rec['memory_error'])}, not a bool"
+    return _CellReport(
+        index=index,
+        error=None if error is None else error[:_MAX_ERROR_CHARS],
+        memory_error=rec["memory_error"],
+        cpu_seconds=float(rec["cpu_seconds"]),
+        arrived=arrived,
+    )
+
+
+def _read_reports(
+    channel: _ReportChannel, n_cells: int, host_wall: float, host_cpu: float
+) -> tuple[list[_CellReport], str | None]:
+    """The well-formed reports, in order, and the first thing wrong with the channel (None if nothing).
+
+    Reports must be those of cells 0, 1, ... in order, one each: a duplicate, a gap or a line
+    after the last cell is as wrong as a malformed one.
+    """
+    reports: list[_CellReport] = []
+    for number, (arrived, raw) in enumerate(channel.lines, 1):
+        if len(reports) == n_cells:
+            return reports, f"line {number}: a report after the last cell's"
+        report = _parse_report(raw, arrived, len(reports), n_cells, host_wall, host_cpu)
+        if isinstance(report, str):
+            return reports, f"line {number}: {report}"
+        reports.append(report)
+    return reports, channel.problem()
+
+
+def _cell_walls(reports: Sequence[_CellReport]) -> list[float]:
+    """Host-clock seconds of each cell: from reading the report before it (or the call's start,
+    sandbox start-up included) to reading its own."""
+    walls, previous = [], 0.0
+    for report in reports:
+        walls.append(max(0.0, report.arrived - previous))
+        previous = report.arrived
+    return walls
 
 
 _VERIFIED: set[tuple] = set()
@@ -395,8 +551,9 @@ class PythonSandbox:
         """
         if not isinstance(code, str):
             raise ValueError(f"code must be a str, got {type(code).__name__}")
-        if replay_seconds < 0 or replay_cpu_seconds < 0:
-            raise ValueError("replay_seconds and replay_cpu_seconds must be >= 0")
+        for name, value in (("replay_seconds", replay_seconds), ("replay_cpu_seconds", replay_cpu_seconds)):
+            if _finite_seconds(value) is None:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         c = self.config
         cells = [*history, code]
         job = json.dumps(
@@ -430,7 +587,7 @@ class PythonSandbox:
             os.close(runner_w)
         deadline = start + c.wall_seconds + replay_seconds
         try:
-            outcome = self._collect(proc, job, init_r, runner_r, deadline)
+            outcome = self._collect(proc, job, init_r, runner_r, start, deadline, len(cells))
         finally:
             if proc.poll() is None:
                 _terminate(proc)
@@ -439,19 +596,30 @@ class PythonSandbox:
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
-        return self._result(outcome, len(cells), time.monotonic() - start, proc.returncode)
+        return self._result(outcome, len(cells), time.monotonic() - start, proc.returncode, cpu_hard)
 
     def _collect(
-        self, proc: subprocess.Popen, job: bytes, init_r: int, runner_r: int, deadline: float
+        self,
+        proc: subprocess.Popen,
+        job: bytes,
+        init_r: int,
+        runner_r: int,
+        start: float,
+        deadline: float,
+        n_cells: int,
     ) -> dict:
         """Feeds the job, reads all channels until EOF, kills on wall clock or output cap.
 
         The job is written through the same loop, so a large job can never block the host past
-        the deadline.
+        the deadline. Once the host has read as many report lines as there are replayed cells, the
+        visible cell has `wall_seconds` from then on: what the replay did not use of its grant is
+        not lent to it, and a report written early by the code only brings its deadline closer.
         """
         cap = self.config.max_output_bytes
-        streams = {"stdout": bytearray(), "stderr": bytearray(), "init": bytearray(), "runner": bytearray()}
-        out = {"timed_out": False, "truncated": False, "streams": streams}
+        streams = {"stdout": bytearray(), "stderr": bytearray(), "init": bytearray()}
+        reports = _ReportChannel(start)
+        out = {"timed_out": False, "truncated": False, "streams": streams, "reports": reports}
+        visible_clock_started = n_cells == 1  # no replay: the call's own deadline is the cell's
         pending = memoryview(job)
         sel = selectors.DefaultSelector()
         os.set_blocking(proc.stdin.fileno(), False)
@@ -483,6 +651,14 @@ class PythonSandbox:
                         sel.unregister(key.fd)
                         continue
                     name = key.data
+                    if name == "runner":
+                        now = time.monotonic()
+                        reports.feed(chunk, now)
+                        if not visible_clock_started and len(reports.lines) >= n_cells - 1:
+                            visible_clock_started = True
+                            replay_done = reports.start + reports.lines[n_cells - 2][0]
+                            deadline = min(deadline, replay_done + self.config.wall_seconds)
+                        continue
                     buf = streams[name]
                     if name in ("stdout", "stderr"):
                         visible += len(chunk)
@@ -496,12 +672,12 @@ class PythonSandbox:
             sel.close()
         return out
 
-    def _result(self, out: dict, n_cells: int, wall: float, returncode: int | None) -> SandboxResult:
+    def _result(
+        self, out: dict, n_cells: int, wall: float, returncode: int | None, cpu_hard: int
+    ) -> SandboxResult:
         c = self.config
         streams = out["streams"]
-        init = [
-            json.loads(line) for line in streams["init"].decode(errors="replace").splitlines() if line.strip()
-        ]
+        init = _init_records(streams["init"])
         errors = [r for r in init if r.get("kind") == "error"]
         if errors:
             raise SandboxUnavailableError(
@@ -515,42 +691,14 @@ class PythonSandbox:
                 f"sandbox did not start (unshare exit status {returncode}): "
                 f"{streams['stderr'].decode(errors='replace').strip()[-2000:]}; no code was run"
             )
-        cells = {}
-        for line in streams["runner"].decode(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-                cells[int(rec["index"])] = rec
-            except (ValueError, KeyError, TypeError):
-                continue  # the code can write to its own channel; garbage there is ignored
-        last = cells.get(n_cells - 1)
         exit_rec = exits[-1] if exits else {}
         exit_code = exit_rec.get("exit_code")
         cpu = exit_rec.get("cpu_seconds")
-        killed_reason = None
-        if out["timed_out"] or exit_rec.get("deadline_expired"):
-            killed_reason = f"wall-clock limit of {c.wall_seconds:g} s exceeded"
-        elif out["truncated"]:
-            killed_reason = f"output limit of {c.max_output_bytes} bytes exceeded"
-        elif exit_code is not None and exit_code < 0:
-            sig = -exit_code
-            if sig == signal.SIGXCPU or (
-                sig == signal.SIGKILL and cpu is not None and cpu >= c.cpu_seconds - 0.1
-            ):
-                killed_reason = f"CPU time limit of {c.cpu_seconds} s exceeded"
-            else:
-                killed_reason = f"the process was killed by {_signal_name(sig)}"
-        elif last is None:
-            done = max(cells, default=-1) + 1
-            if done < n_cells - 1:
-                killed_reason = (
-                    f"replaying earlier cells failed after {done} of {n_cells - 1} (exit code {exit_code})"
-                )
-            else:
-                killed_reason = f"the process exited with code {exit_code} before the cell finished"
-        if killed_reason is None and last is None:
-            killed_reason = "the cell did not report completion"
-        error = last.get("error") if last else None
-        ordered = [cells[i] for i in sorted(cells)]
+        # With no exit record (the host killed the sandbox) the CPU limit still bounds the call.
+        host_cpu = cpu if cpu is not None else float(cpu_hard + 1)
+        reports, forged = _read_reports(out["reports"], n_cells, wall, host_cpu)
+        last = reports[-1] if len(reports) == n_cells else None
+        killed_reason = self._killed_reason(out, exit_rec, n_cells, len(reports), forged)
         return SandboxResult(
             stdout=streams["stdout"].decode(errors="replace"),
             stderr=streams["stderr"].decode(errors="replace"),
@@ -558,17 +706,61 @@ class PythonSandbox:
             exit_code=exit_code,
             timed_out=out["timed_out"],
             killed_reason=killed_reason,
-            error=error if isinstance(error, str) else None,
-            memory_error=bool(last and last.get("memory_error")),
+            error=last.error if last else None,
+            memory_error=bool(last and last.memory_error),
             completed=killed_reason is None,
             wall_seconds=wall,
             cpu_seconds=cpu,
             max_rss_bytes=exit_rec.get("max_rss_bytes"),
-            cell_wall_seconds=[float(r.get("wall_seconds", 0.0)) for r in ordered],
-            cell_cpu_seconds=[float(r.get("cpu_seconds", 0.0)) for r in ordered],
+            cell_wall_seconds=_cell_walls(reports),
+            cell_cpu_seconds=[min(r.cpu_seconds, host_cpu) for r in reports],
             memory_limit_bytes=c.memory_bytes,
             max_output_bytes=c.max_output_bytes,
         )
+
+    def _killed_reason(
+        self, out: dict, exit_rec: dict, n_cells: int, n_reports: int, forged: str | None
+    ) -> str | None:
+        """Why the visible cell did not run to its end, in words; None when it did.
+
+        What the host saw itself (its clock, the output cap, the init's wait status) comes first;
+        then the runner's reports, which decide only whether the cell finished.
+        """
+        c = self.config
+        exit_code = exit_rec.get("exit_code")
+        cpu = exit_rec.get("cpu_seconds")
+        if out["timed_out"] or exit_rec.get("deadline_expired"):
+            return f"wall-clock limit of {c.wall_seconds:g} s exceeded"
+        if out["truncated"]:
+            return f"output limit of {c.max_output_bytes} bytes exceeded"
+        if exit_code is not None and exit_code < 0:
+            sig = -exit_code
+            if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu is not None and cpu >= c.cpu_seconds - 0.1):
+                return f"CPU time limit of {c.cpu_seconds} s exceeded"
+            return f"the process was killed by {_signal_name(sig)}"
+        if forged is not None:
+            return f"the sandbox's report channel held a forged or malformed report ({forged}); the call is void"
+        if n_reports < n_cells:
+            if n_reports < n_cells - 1:
+                return (
+                    f"replaying earlier cells failed after {n_reports} of {n_cells - 1} (exit code {exit_code})"
+                )
+            return f"the process exited with code {exit_code} before the cell finished"
+        return None
+
+
+def _init_records(raw: bytes) -> list[dict]:
+    """The init's status records. Only the init (root) can write its channel; parsed defensively all
+    the same, so that a garbled line can never raise in the host."""
+    records = []
+    for line in raw.decode(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
 
 
 def _children(pid: int) -> list[int]:
@@ -637,8 +829,9 @@ def run_python(code: str, config: SandboxConfig | None = None, state: Sequence[s
 class ToolSnapshot:
     """The state of a `python` tool after some turns: the cells that completed, in order.
 
-    cell_wall_seconds / cell_cpu_seconds: their measured cost, which bounds the time granted to
-    replay them. Plain data: store it with `to_json()` in a rollout-tree node and restore anywhere.
+    cell_wall_seconds / cell_cpu_seconds: what the host measured each cell to cost when it ran as
+    the visible cell (see the module docstring), which bounds the time granted to replay them.
+    Plain data: store it with `to_json()` in a rollout-tree node and restore anywhere.
     """
 
     cells: tuple[str, ...] = ()
@@ -650,6 +843,12 @@ class ToolSnapshot:
             raise ValueError(
                 "ToolSnapshot: cells, cell_wall_seconds and cell_cpu_seconds must have equal lengths"
             )
+        if not all(isinstance(cell, str) for cell in self.cells):
+            raise ValueError("ToolSnapshot.cells must be strings")
+        for name in ("cell_wall_seconds", "cell_cpu_seconds"):
+            for i, value in enumerate(getattr(self, name)):
+                if _finite_seconds(value) is None:
+                    raise ValueError(f"ToolSnapshot.{name}[{i}] must be a finite number >= 0, got {value!r}")
 
     def to_json(self) -> dict:
         return {
@@ -660,19 +859,19 @@ class ToolSnapshot:
 
     @classmethod
     def from_json(cls, data: dict) -> ToolSnapshot:
-        return cls(
-            tuple(data["cells"]),
-            tuple(map(float, data["cell_wall_seconds"])),
-            tuple(map(float, data["cell_cpu_seconds"])),
-        )
+        try:
+            return cls(tuple(data["cells"]), tuple(data["cell_wall_seconds"]), tuple(data["cell_cpu_seconds"]))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"ToolSnapshot.from_json: not a snapshot ({type(exc).__name__}: {exc})") from exc
 
 
 class PythonToolSession:
     """The `python` tool of one episode: variables persist across `run` calls, by replay.
 
     replay_time_factor: replayed cells get this multiple of their measured time (plus
-    `replay_slack_seconds`) on top of the new cell's limits, so a loaded machine does not turn a
-    finished prefix into a timeout.
+    `replay_slack_seconds` of wall clock) on top of the new cell's limits, so a loaded machine does
+    not turn a finished prefix into a timeout. Each cell's figure is cut at its own limit first, so
+    a snapshot from anywhere buys at most `replay_time_factor` times the limits of its cells.
     """
 
     def __init__(
@@ -681,33 +880,38 @@ class PythonToolSession:
         replay_time_factor: float = 2.0,
         replay_slack_seconds: float = 0.5,
     ) -> None:
-        if replay_time_factor < 1.0:
-            raise ValueError(f"replay_time_factor must be >= 1, got {replay_time_factor}")
-        if replay_slack_seconds < 0:
-            raise ValueError(f"replay_slack_seconds must be >= 0, got {replay_slack_seconds}")
+        if not (math.isfinite(replay_time_factor) and replay_time_factor >= 1.0):
+            raise ValueError(f"replay_time_factor must be a finite number >= 1, got {replay_time_factor}")
+        if _finite_seconds(replay_slack_seconds) is None:
+            raise ValueError(f"replay_slack_seconds must be a finite number >= 0, got {replay_slack_seconds}")
         self.sandbox = sandbox or PythonSandbox()
         self.replay_time_factor = replay_time_factor
         self.replay_slack_seconds = replay_slack_seconds
         self._state = ToolSnapshot()
         self.last_result: SandboxResult | None = None
 
+    def replay_grant(self, snapshot: ToolSnapshot) -> tuple[float, float]:
+        """(wall, CPU) seconds granted to replay `snapshot`'s cells on top of the new cell's limits."""
+        if not snapshot.cells:
+            return 0.0, 0.0
+        c = self.sandbox.config
+        wall = sum(min(w, c.wall_seconds) for w in snapshot.cell_wall_seconds)
+        cpu = sum(min(x, float(c.cpu_seconds)) for x in snapshot.cell_cpu_seconds)
+        return self.replay_time_factor * wall + self.replay_slack_seconds, self.replay_time_factor * cpu
+
     def execute(self, cell: str) -> SandboxResult:
         """Runs `cell` on top of the current state; keeps it in the state if it ran to its end."""
         s = self._state
-        replay_wall = (
-            (self.replay_time_factor * sum(s.cell_wall_seconds) + self.replay_slack_seconds)
-            if s.cells
-            else 0.0
-        )
-        replay_cpu = self.replay_time_factor * sum(s.cell_cpu_seconds)
+        replay_wall, replay_cpu = self.replay_grant(s)
         result = self.sandbox.run(
             cell, history=s.cells, replay_seconds=replay_wall, replay_cpu_seconds=replay_cpu
         )
         if result.completed and len(result.cell_wall_seconds) == len(s.cells) + 1:
+            c = self.sandbox.config
             self._state = ToolSnapshot(
                 s.cells + (cell,),
-                s.cell_wall_seconds + (result.cell_wall_seconds[-1],),
-                s.cell_cpu_seconds + (result.cell_cpu_seconds[-1],),
+                s.cell_wall_seconds + (min(result.cell_wall_seconds[-1], c.wall_seconds),),
+                s.cell_cpu_seconds + (min(result.cell_cpu_seconds[-1], float(c.cpu_seconds)),),
             )
         self.last_result = result
         return result
