@@ -16,7 +16,7 @@ export DVC_NO_ANALYTICS := 1
 export MPLBACKEND := Agg
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test venv data lint bench bench-allocation bench-contrast clean-venv lock help
+.PHONY: run test venv data lint system-deps ui bench bench-allocation bench-contrast clean-venv lock help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -51,12 +51,37 @@ data/MANIFEST.json: data.dvc | $(STAMP)
 
 data: data/MANIFEST.json  ## regenerate data/ and verify it against data.dvc
 
-test: $(STAMP) data/MANIFEST.json  ## ruff, then every test (the command CI runs)
+# The browser test drives the MLflow UI with Debian's chromium and chromium-driver: installed here
+# through apt-get when missing and this user may (root), else a clear failure naming the command;
+# TRACE_RL_SKIP_BROWSER=1 skips that one test instead (pytest's summary then lists the skip).
+BROWSER_PKGS := chromium chromium-driver
+system-deps:  ## what the tests need from the system: chromium + chromium-driver (apt-get, as root)
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+	  echo "==> system deps: chromium and chromedriver present"; \
+	elif [ "$${TRACE_RL_SKIP_BROWSER:-0}" = 1 ]; then \
+	  echo "==> system deps: chromium missing; TRACE_RL_SKIP_BROWSER=1, so the MLflow UI browser test is skipped"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "==> system deps: installing $(BROWSER_PKGS) with apt-get (log: /tmp/trace-rl-apt.log)"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(BROWSER_PKGS) || \
+	    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(BROWSER_PKGS); }; \
+	  } > /tmp/trace-rl-apt.log 2>&1 || { tail -20 /tmp/trace-rl-apt.log; \
+	    echo "apt-get could not install $(BROWSER_PKGS); run it by hand or set TRACE_RL_SKIP_BROWSER=1"; exit 1; }; \
+	  echo "==> system deps: $$(chromium --version 2>/dev/null | head -1)"; \
+	else \
+	  echo "The MLflow UI browser test needs chromium and chromium-driver. Install them with:"; \
+	  echo "    sudo apt-get install -y $(BROWSER_PKGS)"; \
+	  echo "or skip that one test with TRACE_RL_SKIP_BROWSER=1 make test"; exit 1; \
+	fi
+
+test: system-deps $(STAMP) data/MANIFEST.json  ## system deps, ruff, then every test (the command CI runs)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest --timeout=900 tests
 
 run: $(STAMP)  ## the main job: the Kubeflow pipeline on this machine (kfp.local); a second run reuses what is up to date
 	$(BIN)/python -m pipelines run --local
+
+ui: $(STAMP)  ## serve the MLflow UI on the main job's runs (prints the last comparison's URL)
+	$(BIN)/python -m pipelines ui
 
 bench-allocation: $(STAMP)  ## allocators vs the DP / brute force
 	$(BIN)/python bench/allocation.py

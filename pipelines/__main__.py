@@ -113,10 +113,31 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"({'promoted to @champion' if latest.tags.get('promoted') == 'true' else 'not promoted'}); "
                   f"champion: v{best.version if best else '-'}\n")
     runs = [result.training_runs[m] for m in cfg.methods]
-    print("Open the MLflow UI on these runs:")
+    print("Open the MLflow UI on these runs (`make ui` runs this command):")
     print(f"  {ui_command(result.tracking_uri, args.ui_port)}")
     print(f"  then {compare_url(result.experiment_id, runs, f'http://127.0.0.1:{args.ui_port}')}")
     return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    import os
+    import shlex
+
+    from pipelines.local import absolute, compare_url, latest_comparison, ui_command
+
+    cfg = absolute(load(args))
+    tracking = cfg.train.tracking
+    found = latest_comparison(tracking.tracking_uri, tracking.experiment)
+    command = ui_command(tracking.tracking_uri, args.port)
+    if found is None:
+        print(f"no comparison in experiment {tracking.experiment!r} on {tracking.tracking_uri} yet: "
+              "run `make run` first; serving the UI anyway")
+    else:
+        print(f"the last comparison: {compare_url(found[0], found[1], f'http://127.0.0.1:{args.port}')}")
+    print(f"serving: {command}  (Ctrl-C stops it)", flush=True)
+    argv = shlex.split(command)
+    os.execv(argv[0], argv)
+    return 0  # not reached: execv replaces this process
 
 
 def _client(args: argparse.Namespace):
@@ -217,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--local", action="store_true", help="required: run here with kfp.local")
     p.add_argument("--ui-port", type=int, default=5000, help="port in the printed MLflow UI command")
     p.set_defaults(fn=cmd_run)
+    p = add("ui", "serve the MLflow UI on the main job's tracking store and print the last comparison's URL")
+    p.add_argument("--port", type=int, default=5000, help="port of the MLflow UI (default: %(default)s)")
+    p.set_defaults(fn=cmd_ui)
     p = add("submit", "submit one run to a Kubeflow Pipelines endpoint")
     cluster(p)
     p.add_argument("--run-name", default=None, help="KFP run name")

@@ -142,6 +142,24 @@ def ui_command(tracking_uri: str, port: int = 5000) -> str:
     return f"{mlflow} ui --backend-store-uri {tracking_uri} --port {port}"
 
 
+def latest_comparison(tracking_uri: str, experiment: str) -> tuple[str, list[str]] | None:
+    """(experiment id, training run ids in the table's order) of the newest comparison logged to
+    ``experiment`` on ``tracking_uri``; None when there is none yet."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs([found.experiment_id], filter_string="tags.`pipeline.step` = 'compare'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        return None
+    tags = runs[0].data.tags
+    methods = [m for m in tags.get("compare.methods", "").split(",") if m]
+    return found.experiment_id, [tags[f"compare.run.{m}"] for m in methods if f"compare.run.{m}" in tags]
+
+
 def compare_url(experiment_id: str, run_ids: list[str], base: str = "http://127.0.0.1:5000") -> str:
     """The MLflow UI's compare view of ``run_ids``."""
     runs = json.dumps(run_ids, separators=(",", ":"))

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -311,39 +312,93 @@ def test_miniature_local_pipeline_runs_end_to_end(local_run, server) -> None:
     assert len(train_runs) == 2
 
 
-def test_mlflow_ui_compare_view_shows_both_runs_and_their_effective_ratio(local_run, server) -> None:
-    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
-        pytest.skip("Debian's chromium and chromium-driver are not installed (apt-get install -y chromium "
-                    "chromium-driver)")
-    pytest.importorskip("selenium", reason="the selenium package is not installed")
+def _browser():
+    """Headless chromium through selenium. Provisioned by `make system-deps`; a missing browser fails
+    the test with the command to run, unless TRACE_RL_SKIP_BROWSER=1 asks to skip it."""
+    missing = [tool for tool in ("chromium", "chromedriver") if shutil.which(tool) is None]
+    if missing:
+        if os.environ.get("TRACE_RL_SKIP_BROWSER") == "1":
+            pytest.skip(f"TRACE_RL_SKIP_BROWSER=1 and {', '.join(missing)} missing")
+        pytest.fail(f"{', '.join(missing)} not found: run `make system-deps` (apt-get install -y chromium "
+                    "chromium-driver) or set TRACE_RL_SKIP_BROWSER=1 to skip the browser test")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    from pipelines.local import compare_url
-
-    _, first = local_run
-    runs = [first.training_runs["grpo"], first.training_runs["trace"]]
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1600,1200"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    driver.set_page_load_timeout(120)
+    return driver
+
+
+# The compare view's tables are virtualised: rows render only once scrolled into view.
+_SCROLL_EVERY_PANE = """
+for (const el of document.querySelectorAll('*')) {
+  const style = getComputedStyle(el);
+  if ((style.overflowY === 'auto' || style.overflowY === 'scroll') && el.scrollHeight > el.clientHeight + 5)
+    el.scrollTop += 300;
+}
+window.scrollBy(0, 300);"""
+
+
+def _lines_while_scrolling(driver, wanted: set[str], timeout_s: float = 120.0) -> set[str]:
+    """Every line of page text seen while scrolling every pane down, until the text holds each of
+    ``wanted`` (as a substring of some line) or ``timeout_s`` passes; restarts from the top each pass."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for _ in range(40):
+            seen.update(driver.find_element("tag name", "body").text.splitlines())
+            if all(any(w in line for line in seen) for w in wanted):
+                return seen
+            driver.execute_script(_SCROLL_EVERY_PANE)
+            time.sleep(0.25)
+        driver.execute_script("for (const el of document.querySelectorAll('*')) el.scrollTop = 0;")
+        time.sleep(1.0)
+    return seen
+
+
+def test_mlflow_ui_compare_view_shows_both_runs_their_signal_and_their_plots(local_run, server) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from pipelines.local import compare_url
+
+    _, first = local_run
+    runs = {m: first.training_runs[m] for m in ("grpo", "trace")}
+    driver = _browser()
     try:
-        driver.set_page_load_timeout(120)
-        driver.get(compare_url(first.experiment_id, runs, server.uri))
-
-        def page_shows_everything(d) -> bool:
-            text = d.find_element("tag name", "body").text
-            return "effective_ratio" in text and "grpo" in text and "trace" in text
-
-        WebDriverWait(driver, 120, poll_frequency=1).until(page_shows_everything)
-        text = driver.find_element("tag name", "body").text
+        driver.get(compare_url(first.experiment_id, list(runs.values()), server.uri))
+        wanted = {"grpo", "trace", "effective_ratio", "contrastive_yield", *runs.values()}
+        seen = _lines_while_scrolling(driver, wanted)
+        # Each run's plots, in its artifacts.
+        listed = {}
+        for method, run_id in runs.items():
+            driver.get(f"{server.uri}/#/experiments/{first.experiment_id}/runs/{run_id}/artifacts")
+            WebDriverWait(driver, 120, poll_frequency=1).until(
+                lambda d: d.find_elements("xpath", "//*[text()='plots']"))
+            driver.find_elements("xpath", "//*[text()='plots']")[0].click()
+            WebDriverWait(driver, 60, poll_frequency=1).until(
+                lambda d: "effective_ratio.png" in d.find_element("tag name", "body").text)
+            listed[method] = driver.find_element("tag name", "body").text
     finally:
         driver.quit()
-    # The compare view lists both runs by name and the metric in its table.
-    assert "grpo" in text and "trace" in text and "effective_ratio" in text
+    # The compare view lists both runs (ids and names) and both learning-signal metrics.
+    for word in wanted:
+        assert any(word in line for line in seen), f"{word!r} not on the compare view"
+    for method, text in listed.items():
+        assert "effective_ratio.png" in text, f"{method}'s plots/ lacks effective_ratio.png"
+    # Evaluation settings are logged under names every method's run shares (no method in the key).
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(server.uri)
+    for method, run_id in runs.items():
+        params = client.get_run(run_id).data.params
+        assert "eval/samples" in params, sorted(params)[:20]
+        assert not any(k.startswith(f"eval/{m}/") for k in params for m in runs), method
+        assert not any(k.startswith(("eval/agents.math", "eval/agents.fc")) for k in params)  # a QA run
 
 
 # ------------------------------------------------------------------------------------ DVC

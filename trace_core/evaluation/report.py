@@ -250,13 +250,30 @@ def artifact_name(name: str) -> str:
     return out or "eval"
 
 
-def log_result(tracker: Tracker, result: EvalResult, step: int = 0, prefix: str = "eval/") -> None:
-    """Metrics, the result JSON, the per-example table and the markdown summary, via ``tracker``."""
+def evaluation_params(result: EvalResult, prefix: str = "eval/") -> dict[str, Any]:
+    """The evaluation's settings as MLflow parameters, ``{prefix}<dotted key>``: only the agent and
+    environment settings of the families it evaluated (a QA evaluation logs no math or fc agent), and
+    no result name in the key, so that the runs of different methods share their parameter names in
+    the MLflow compare view."""
     from trace_core.config import flatten
 
+    families = {key.split("/", 1)[0] for key in result.averages}
+    out = {}
+    for key, value in flatten(result.config).items():
+        head, _, rest = key.partition(".")
+        if head in ("agents", "envs") and rest.partition(".")[0] not in families:
+            continue
+        if key == "name":
+            continue
+        out[f"{prefix}{key}"] = value
+    return out
+
+
+def log_result(tracker: Tracker, result: EvalResult, step: int = 0, prefix: str = "eval/") -> None:
+    """Metrics, the result JSON, the per-example table and the markdown summary, via ``tracker``."""
     folder = f"{prefix.strip('/') or 'eval'}/{artifact_name(result.name)}"
     tracker.set_tags({"trace.kind": "evaluation", f"trace.eval.{artifact_name(result.name)}": result.checkpoint})
-    params = {f"{folder}/{k}": v for k, v in flatten(result.config).items()}
+    params = evaluation_params(result, prefix)
     if params:
         tracker.log_params(params)
     tracker.log_metrics(result.flat_metrics(prefix), step=step)

@@ -11,15 +11,35 @@
 - :mod:`.explore` — ``explore_fraction`` (a root-allocation rule);
 - :mod:`.success_predictor` — :class:`SuccessPredictor`: score, update, save/restore.
 
-Importing this package imports torch and transformers; the rest of ``trace_core`` does not.
+Importing this package is cheap: each name below loads its module (torch, transformers, scipy) on
+first use, so a configuration or a ``--help`` that only needs :class:`PredictorConfig` stays fast.
 """
 
-from trace_core.predictor.config import PRETRAINED_LEARNING_RATES, PredictorConfig
-from trace_core.predictor.diagnostics import Calibration, StepDiagnostics, calibration, step_diagnostics
-from trace_core.predictor.examples import Example, informative_prefixes, sample_examples, supervised_set
-from trace_core.predictor.explore import explore_roots
-from trace_core.predictor.packing import Pack, TokenTree, pack_token_trees, path_tokens, tree_tokens
-from trace_core.predictor.success_predictor import SuccessPredictor, root_scores
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOME = {
+    "PRETRAINED_LEARNING_RATES": "config", "PredictorConfig": "config",
+    "Calibration": "diagnostics", "StepDiagnostics": "diagnostics", "calibration": "diagnostics",
+    "step_diagnostics": "diagnostics",
+    "Example": "examples", "informative_prefixes": "examples", "sample_examples": "examples",
+    "supervised_set": "examples",
+    "explore_roots": "explore",
+    "Pack": "packing", "TokenTree": "packing", "pack_token_trees": "packing", "path_tokens": "packing",
+    "tree_tokens": "packing",
+    "SuccessPredictor": "success_predictor", "root_scores": "success_predictor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "PRETRAINED_LEARNING_RATES", "Calibration", "Example", "Pack", "PredictorConfig", "StepDiagnostics",
