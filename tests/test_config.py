@@ -68,3 +68,48 @@ def test_missing_or_malformed_file(tmp_path: Path) -> None:
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping at the top level"):
         load_config(Outer, bad)
+
+
+# ------------------------------------------------------------------ budget rules at load time
+@pytest.mark.parametrize("overrides, words", [
+    # odd M when M_max = 2: every m_i is 0 or 2
+    (["budget.roots_M=9", "budget.group_size_G=3", "budget.max_per_prompt=2"],
+     ["budget = 9 is odd", "budget.roots_M = 9", "budget.max_per_prompt = 2"]),
+    # M above the pool's capacity B·M_max (B = 1·16/16 = 1 prompt)
+    (["budget.roots_M=16", "budget.expansion_N=0", "budget.group_size_G=16", "budget.max_per_prompt=2",
+      "budget.pool_factor=1"], ["capacity", "B = pool_factor·M(1+N)/G = 1", "budget.pool_factor = 1"]),
+    # M not divisible by G
+    (["budget.roots_M=12", "budget.group_size_G=8"], ["not divisible", "budget.roots_M = 12",
+                                                        "budget.group_size_G = 8"]),
+])
+def test_every_budget_rule_is_checked_when_the_config_loads(overrides: list[str], words: list[str]) -> None:
+    from trace_core.training.config import TrainConfig
+
+    with pytest.raises(ConfigError) as err:
+        load_config(TrainConfig, None, ["method=trace", *overrides])
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_a_budget_rule_of_one_method_only_binds_that_method() -> None:
+    from trace_core.training.config import TrainConfig
+
+    odd = ["budget.roots_M=9", "budget.group_size_G=3", "budget.max_per_prompt=2"]
+    assert load_config(TrainConfig, None, ["method=grpo", *odd]).budget.roots_M == 9  # G per prompt: no m_i
+    with pytest.raises(ConfigError, match="method 'pcl'|method 'trace'"):
+        load_config(TrainConfig, None, ["method=trace", *odd])
+
+
+def test_a_pool_smaller_than_the_candidate_pool_fails_before_any_model(tmp_path: Path) -> None:
+    from trace_core.training.config import TrainConfig
+    from trace_core.training.trainer import Trainer
+
+    train = tmp_path / "train.jsonl"
+    embedded = Path(__file__).resolve().parents[1] / "data" / "math" / "train.jsonl"
+    train.write_text("".join(embedded.read_text().splitlines(keepends=True)[:3]))  # 3 valid rows
+    cfg = load_config(TrainConfig, None, ["task.family=math", f"task.train_file={train}", "budget.roots_M=8",
+                                          "budget.group_size_G=8", f"output_dir={tmp_path / 'out'}",
+                                          f"policy_model={tmp_path / 'no-model'}"])
+    with pytest.raises(ValueError, match=r"B = budget.pool_factor·M\(1\+N\)/G = \d+ distinct prompts.*holds only 3"):
+        Trainer(cfg)  # the model path does not exist: the pool check comes first
+    assert not (tmp_path / "out" / "spool").exists()

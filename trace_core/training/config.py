@@ -43,6 +43,31 @@ class BudgetConfig:
         return BudgetSpec(self.roots_M, self.expansion_N, self.group_size_G, self.max_per_prompt, self.pool_factor)
 
 
+def check_method_budget(method: str, budget: BudgetConfig) -> None:
+    """Every budget rule of ``method``, checked when the configuration loads (before any model,
+    engine or tracking run exists): the budget's own rules (M ≥ 2, G | M, …) and whether the
+    method's root rule can spend M on its candidate pool of B = pool_factor·M(1+N)/G prompts
+    (B·M_max ≥ M; M even when M_max = 2; …). The root rule is run once on that pool at a flat
+    prediction, so a rule added to the registry is checked by the same call. Raises ValueError
+    naming the dotted keys and their values."""
+    import numpy as np
+
+    from trace_core.allocation import get_method
+
+    keys = (f"budget.roots_M = {budget.roots_M}, budget.expansion_N = {budget.expansion_N}, "
+            f"budget.group_size_G = {budget.group_size_G}, budget.max_per_prompt = {budget.max_per_prompt}, "
+            f"budget.pool_factor = {budget.pool_factor}")
+    try:
+        spec = budget.spec()
+    except ValueError as err:
+        raise ValueError(f"budget: {err} ({keys})") from None
+    try:
+        get_method(method).allocate_roots(np.full(spec.pool_size, 0.5), spec, np.random.default_rng(0))
+    except ValueError as err:
+        raise ValueError(f"method {method!r} cannot spend the root budget on its candidate pool of "
+                         f"B = pool_factor·M(1+N)/G = {spec.pool_size} prompts: {err} ({keys})") from None
+
+
 @dataclass
 class EngineSettings:
     """The rollout engine."""
@@ -130,4 +155,4 @@ class TrainConfig:
         if self.agent.max_total_tokens > self.engine.max_model_len:
             raise ValueError(f"agent.max_total_tokens ({self.agent.max_total_tokens}) exceeds "
                              f"engine.max_model_len ({self.engine.max_model_len})")
-        self.budget.spec()  # raises on an infeasible budget
+        check_method_budget(self.method, self.budget)

@@ -116,8 +116,11 @@ class Trainer:
         self.estimator = get_advantage_estimator(cfg.advantage)
         self.tasks, self.env_factory = load_tasks(cfg)
         if len(self.tasks) < self.spec.pool_size:
-            raise ValueError(f"the candidate pool needs {self.spec.pool_size} prompts per step but "
-                             f"{cfg.task.family} has only {len(self.tasks)} (lower budget.pool_factor or roots_M)")
+            source = cfg.task.train_file or f"the {cfg.task.family} default"
+            raise ValueError(f"the candidate pool needs B = budget.pool_factor·M(1+N)/G = {self.spec.pool_size} "
+                             f"distinct prompts per step but task.train_file ({source}) holds only "
+                             f"{len(self.tasks)}: lower budget.pool_factor (= {cfg.budget.pool_factor}) or "
+                             f"budget.roots_M (= {cfg.budget.roots_M})")
         from transformers import AutoTokenizer
 
         if not Path(cfg.policy_model).is_dir():
