@@ -237,6 +237,9 @@ def main() -> None:
     run = set(args.only or SECTIONS)
     previous = json.loads(args.out.read_text()) if args.only and args.out.is_file() else {}
     commands = dict(previous.get("commands", {}))
+    for section in SECTIONS:  # a file from before per-section commands: its one command made every section
+        if section not in run and section in previous and section not in commands and "command" in previous:
+            commands[section] = previous["command"]
     command = "python bench/allocation.py" + (" --quick" if args.quick else "") + (
         " --only " + " ".join(args.only) if args.only else "")
 

@@ -13,6 +13,9 @@ from scipy.special import betaln
 from trace_core.allocation import (
     METHODS,
     BudgetSpec,
+    DynamicSampling,
+    GresoRoots,
+    Method,
     allocate_prefixes,
     allocate_prefixes_greedy,
     allocate_roots,
@@ -25,12 +28,15 @@ from trace_core.allocation import (
     get_method,
     prefix_objective,
     prefix_value,
+    prefixes_trace,
     root_objective,
     root_objective_beta,
     root_unit_gains_beta,
     root_value,
     root_value_beta,
+    roots_uniform_all,
 )
+from trace_core.history import GresoConfig, HistoryView, PosteriorConfig, PromptHistory, beta_posterior
 
 # Probabilities with the edge values SPEC asks for (0, 0.5, 1) mixed with arbitrary ones.
 probability = st.one_of(
@@ -405,7 +411,7 @@ def test_budget_spec_rules() -> None:
 
 
 def test_unknown_method_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown allocation method 'ppo'; known: grpo, pcl"):
+    with pytest.raises(ValueError, match="unknown allocation method 'ppo'; known: dapo, greso, grpo, pcl"):
         get_method("ppo")
 
 
@@ -439,3 +445,86 @@ def test_trace_root_allocation_is_the_exact_optimum() -> None:
     v = np.random.default_rng(1).random(spec.pool_size)
     m = get_method("trace").allocate_roots(v, spec, np.random.default_rng(0))
     assert root_objective(v, m) == pytest.approx(root_objective(v, allocate_roots_dp(v, 16, 16)), abs=1e-9)
+
+
+# ---------------------------------------------------------------------------- rules with memory or rounds
+def _view_with_streaks(streaks: list[int], step: int = 10) -> HistoryView:
+    """A view whose prompt i had ``streaks[i]`` one-outcome groups as its newest events."""
+    h = PromptHistory()
+    for k in range(max(streaks), 0, -1):
+        ids = [i for i, z in enumerate(streaks) if z >= k]
+        h.record(step - k, ids, [4] * len(ids), [0] * len(ids), [0.5] * len(ids))
+    return h.view(list(range(len(streaks))), step)
+
+
+def test_greso_skips_filtered_prompts_and_fills_from_them_only_when_short():
+    spec = BudgetSpec(roots_M=8, expansion_N=1, group_size_G=4, pool_factor=2)  # 4 prompts × 4 of a pool of 8
+    rule = GresoRoots(GresoConfig(readmit_probability=0.0))
+    never = Method("greso-test", roots_uniform_all, None, "", history_rule=rule)
+    v = np.full(spec.pool_size, 0.5)
+    view = _view_with_streaks([1, 2, 0, 0, 0, 0, 3, 1])
+    for seed in range(20):
+        m = never.allocate_roots(v, spec, np.random.default_rng(seed), history=view)
+        assert m.sum() == spec.total and set(m.tolist()) <= {0, 4}
+        assert np.flatnonzero(m).tolist() == [2, 3, 4, 5]  # the four unfiltered prompts, never a filtered one
+    m = never.allocate_roots(v, spec, np.random.default_rng(0), history=_view_with_streaks([1, 1, 1, 1, 1, 0, 0, 0]))
+    assert {5, 6, 7} <= set(np.flatnonzero(m).tolist())  # three kept, one filtered fills the fourth place
+    # without a history (a first step) GRESO is GRPO's uniform rule: G per prompt, any prompt
+    greso = get_method("greso")
+    assert greso.reads_history and not greso.uses_predictor and not greso.expands
+    m = greso.allocate_roots(v, spec, np.random.default_rng(0))
+    assert sorted(m.tolist()) == [0] * 4 + [4] * 4
+
+
+def test_dynamic_sampling_rounds_stop_at_the_target_or_the_budget():
+    rule = get_method("dapo").round_rule
+    assert rule is not None and get_method("dapo").samples_in_rounds
+    spec = BudgetSpec(roots_M=64, expansion_N=0)  # GRPO's batch: 8 prompts × 8; target 4 mixed, rounds of 2
+    assert rule.target_groups(spec) == 4 and rule.round_prompts(spec) == 2
+    v, rng = np.full(spec.pool_size, 0.5), np.random.default_rng(0)
+    sampled = np.zeros(spec.pool_size, dtype=bool)
+    m = rule.next_round(v, sampled, 0, 0, spec, rng)
+    assert sorted(m[m > 0].tolist()) == [8, 8]
+    sampled |= m > 0
+    m2 = rule.next_round(v, sampled, 1, 16, spec, rng)
+    assert not (m2 > 0)[sampled].any() and (m2 > 0).sum() == 2  # fresh prompts only
+    assert not rule.next_round(v, sampled, 4, 16, spec, rng).any()  # the target is met: stop
+    assert not rule.next_round(v, sampled, 0, 64, spec, rng).any()  # the budget is spent: stop
+    assert (rule.next_round(v, sampled, 0, 56, spec, rng) > 0).sum() == 1  # the last round fits the budget
+    # the filter drops one-outcome groups and trims mixed ones beyond the target, in sampling order
+    mixed = np.array([True, False, True, True, False, True, True, True])
+    assert rule.keep_groups(mixed, spec).tolist() == [True, False, True, True, False, True, False, False]
+    # a caller that cannot sample in rounds gets every round at once: GRPO's allocation
+    m = get_method("dapo").allocate_roots(v, spec, rng)
+    assert m.sum() == spec.total and set(m.tolist()) <= {0, 8}
+
+
+def test_posterior_roots_are_the_exact_beta_solver_on_the_posterior():
+    spec = BudgetSpec(roots_M=32, expansion_N=2)
+    rng = np.random.default_rng(3)
+    h = PromptHistory()
+    ids = list(range(spec.pool_size))
+    for step in range(3):
+        sel = ids[step::3]
+        n = rng.integers(2, 9, size=len(sel))
+        wins = rng.binomial(n, rng.random(len(sel)))
+        h.record(step, sel, wins, n - wins, rng.random(len(sel)))
+    view = h.view(ids, 3)
+    v = rng.random(spec.pool_size)
+    alpha, beta = beta_posterior(view, v, PosteriorConfig())
+    exact = get_method("trace-posterior")
+    assert exact.reads_history and exact.expands and exact.explores_roots and exact.uses_predictor
+    m = exact.allocate_roots(v, spec, np.random.default_rng(0), history=view)
+    assert np.array_equal(m, allocate_roots_beta(alpha, beta, spec.roots_M, spec.max_per_prompt))
+    ts = get_method("trace-posterior-thompson").allocate_roots(v, spec, np.random.default_rng(5), history=view)
+    want = allocate_roots_thompson(alpha, beta, spec.roots_M, spec.max_per_prompt, np.random.default_rng(5))
+    assert np.array_equal(ts, want)
+    # without a history the posterior is the prior alone: Beta(s·v, s·(1 − v))
+    s = PosteriorConfig().prior_strength
+    m0 = exact.allocate_roots(v, spec, np.random.default_rng(0))
+    assert np.array_equal(m0, allocate_roots_beta(s * v, s * (1 - v), spec.roots_M, spec.max_per_prompt))
+
+
+def test_a_round_rule_cannot_expand():
+    with pytest.raises(ValueError, match="cannot expand"):
+        Method("x", roots_uniform_all, prefixes_trace, "", round_rule=DynamicSampling())

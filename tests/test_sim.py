@@ -8,13 +8,24 @@ import copy
 import numpy as np
 import pytest
 
-from trace_core.allocation import METHODS, BudgetSpec
+from trace_core.allocation import (
+    METHODS,
+    BudgetSpec,
+    GresoRoots,
+    Method,
+    WithoutHistory,
+    allocate_roots_beta,
+    get_method,
+)
+from trace_core.history import GresoConfig, PosteriorConfig, PromptHistory, beta_posterior
 from trace_core.metrics import effective_ratio, spearman
 from trace_core.sim import (
     HistoryBatch,
     LearnedPredictor,
     NoisyPredictor,
     OraclePredictor,
+    PersistentPool,
+    PersistentPoolConfig,
     SimConfig,
     make_predictor,
     martingale_step,
@@ -131,12 +142,21 @@ def test_every_method_spends_exactly_the_equal_budget(method, shape):
     spec = BudgetSpec(*shape)
     result = run_step(method, spec, OraclePredictor(), np.random.default_rng(6))
     trees = result.trees
-    assert sum(len(t.trajectories) for t in trees) == spec.total == result.trajectories
+    spent = sum(len(t.trajectories) for t in trees)
+    assert spent == result.trajectories
+    if METHODS[method].samples_in_rounds:  # the budget is a cap: stopping short needs the target met
+        rule = METHODS[method].round_rule
+        assert spent == spec.total or result.metrics["mixed_groups"] == rule.target_groups(spec)
+        assert spent <= spec.total
+    else:
+        assert spent == spec.total
     bare = sum(t.kind == "bare" for tree in trees for t in tree.trajectories)
     assert bare == int(result.pool_m.sum())
-    assert int(result.pool_m.sum() + result.anchor_K.sum() + result.root_extra.sum()) == spec.total
+    assert int(result.pool_m.sum() + result.anchor_K.sum() + result.root_extra.sum()) == spent
     assert result.pool_m.size == spec.pool_size
-    if METHODS[method].expands:
+    if METHODS[method].samples_in_rounds:
+        assert bare == spent and result.anchor_K.sum() == 0
+    elif METHODS[method].expands:
         assert bare == spec.roots_M
         # K is spent within each prompt: m_i·N continuations for prompt i
         for tree, i in zip(trees, result.tree_prompt, strict=True):
@@ -308,3 +328,147 @@ def test_bad_predictor_output_and_names():
         _step(method="greedy")
     with pytest.raises(ValueError, match="logit_noise_std"):
         NoisyPredictor(-1.0)
+
+
+# ---------------------------------------------------------------------------- persistent pool
+def _persistent_run(method, steps, spec=SMALL, predictor=None, seed=0, pool_config=None):
+    pool = PersistentPool(spec.pool_size, SimConfig(), pool_config, seed=seed)
+    history = PromptHistory()
+    predictor = predictor or OraclePredictor()
+    results = [run_step(method, spec, predictor, np.random.default_rng([seed, s]), pool=pool, history=history)
+               for s in range(steps)]
+    return pool, history, results
+
+
+def test_persistent_pool_walks_its_dataset_epoch_by_epoch_and_the_same_for_every_method():
+    pool = PersistentPool(SMALL.pool_size, seed=3)
+    E = pool.pool_config.dataset_factor
+    for epoch in range(3):
+        ids = np.concatenate([pool.candidate_ids(epoch * E + k) for k in range(E)])
+        assert np.array_equal(np.sort(ids), np.arange(pool.size))  # every prompt once per epoch
+    assert not np.array_equal(pool.candidate_ids(0), pool.candidate_ids(E))  # a fresh order each epoch
+    a, _, ra = _persistent_run("grpo", 3)
+    b, _, rb = _persistent_run("trace", 3)
+    for x, y in zip(ra, rb, strict=True):  # common random numbers: the same candidates at every step
+        assert np.array_equal(np.sort(x.pool_ids), np.sort(y.pool_ids))
+    assert a.step == b.step == 3
+
+
+def test_persistent_prompts_keep_horizon_and_feature_error_and_drift_with_training():
+    cfg = PersistentPoolConfig(global_drift=0.1, learn_gain=0.5, drift_noise_std=0.0)
+    pool = PersistentPool(32, pool_config=cfg, seed=1)
+    ids, prompts = pool.candidates()
+    np.testing.assert_array_equal(prompts.horizon, pool.horizon[ids])
+    z = np.log(np.clip(prompts.p0, 1e-9, 1 - 1e-9)) - np.log1p(-np.clip(prompts.p0, 1e-9, 1 - 1e-9))
+    np.testing.assert_allclose(prompts.feature - z, pool.feature_error[ids], atol=1e-9)
+    before = pool.logit.copy()
+    pool.advance(ids[:5])
+    np.testing.assert_allclose(pool.logit - before, np.where(np.isin(np.arange(pool.size), ids[:5]), 0.6, 0.1))
+    with pytest.raises(ValueError, match="distinct"):
+        pool.advance(np.array([1, 1]))
+    # the noise is a function of (seed, step): two pools with the same seed drift alike
+    p1, p2 = PersistentPool(32, seed=2), PersistentPool(32, seed=2)
+    p1.advance(np.zeros(0, dtype=np.int64))
+    p2.advance(np.zeros(0, dtype=np.int64))
+    np.testing.assert_array_equal(p1.logit, p2.logit)
+
+
+def test_a_method_that_finds_mixed_groups_moves_the_pool_further():
+    _, _, grpo = _persistent_run("grpo", 6, spec=BudgetSpec(128, 2))
+    _, _, trace = _persistent_run("trace", 6, spec=BudgetSpec(128, 2))
+    assert trace[-1].pool_success > grpo[-1].pool_success
+    assert trace[-1].metrics["pool_success"] == trace[-1].pool_success
+
+
+def test_history_records_the_bare_root_outcomes_with_the_predictions_used():
+    _, history, results = _persistent_run("trace", 2)
+    r = results[1]
+    for tree, i in zip(r.trees, r.tree_prompt, strict=True):
+        events = history.events(int(r.pool_ids[i]))
+        assert events[-1].step == 1 and events[-1].prediction == r.pool_pred[i]
+        bare = [tree.trajectory_reward(t.id) for t in tree.trajectories if t.kind == "bare"]
+        assert (events[-1].successes, events[-1].failures) == (sum(x > 0.5 for x in bare), sum(x <= 0.5 for x in bare))
+    with pytest.raises(ValueError, match="persistent pool"):
+        run_step("trace", SMALL, OraclePredictor(), np.random.default_rng(0), history=PromptHistory())
+
+
+def test_posterior_roots_read_the_history_of_their_own_candidates():
+    spec = SMALL
+    pool = PersistentPool(spec.pool_size, seed=4)
+    history, predictor = PromptHistory(), NoisyPredictor(1.0, seed=0)
+    for s in range(3):
+        rng = np.random.default_rng([4, s])
+        if s == 2:  # replay the allocation from the same state and generator
+            probe = np.random.default_rng([4, s])
+            ids = pool.candidate_ids()[probe.permutation(spec.pool_size)]
+            view = history.view(ids, pool.step)
+        result = run_step("trace-posterior", spec, predictor, rng, pool=pool, history=history)
+    alpha, beta = beta_posterior(view, result.pool_pred, PosteriorConfig())
+    assert (view.count > 0).any()
+    np.testing.assert_array_equal(result.pool_ids, ids)
+    np.testing.assert_array_equal(result.pool_m, allocate_roots_beta(alpha, beta, spec.roots_M, spec.max_per_prompt))
+
+
+def test_greso_skips_prompts_it_saw_uniform():
+    spec = BudgetSpec(128, 0)
+
+    def selected_uniform_share(method):
+        _, history, results = _persistent_run(method, 10, spec=spec)
+        hits = seen = 0
+        for step, r in enumerate(results):
+            for pid in r.pool_ids[r.pool_m > 0].tolist():
+                past = [e for e in history.events(pid) if e.step < step]
+                if past:
+                    seen += 1
+                    hits += past[-1].successes == 0 or past[-1].failures == 0
+        return hits / seen, seen
+
+    strict_rule = GresoRoots(GresoConfig(readmit_probability=0.0))  # a filtered prompt is never re-admitted
+    strict = Method("greso-strict", WithoutHistory(strict_rule), None, "", history_rule=strict_rule)
+    greso, n_greso = selected_uniform_share(strict)
+    grpo, n_grpo = selected_uniform_share("grpo")
+    default, _ = selected_uniform_share("greso")
+    assert n_greso > 20 and n_grpo > 20
+    # GRPO re-samples prompts whatever their last group was (mostly one outcome under the
+    # U-shaped prior); strict GRESO re-samples one it saw uniform only to fill places when fewer
+    # candidates pass than it needs (rare here); the default re-admits such a prompt with
+    # probability 1/2 per streak step
+    assert grpo > 0.5 and greso < 0.05 and greso < default < grpo
+
+
+def test_dapo_samples_in_rounds_and_trains_only_on_the_first_mixed_groups():
+    spec = BudgetSpec(128, 0)
+    rule = get_method("dapo").round_rule
+    for kind, seed in (("easy", 0), ("hard", 1)):
+        # a pool of near-coin prompts reaches the target early; the default pool spends the budget
+        config = SimConfig(difficulty_beta=50.0) if kind == "easy" else SimConfig()
+        r = run_step("dapo", spec, OraclePredictor(), np.random.default_rng(seed), config)
+        mixed = np.array([len(set(t.outcomes() > 0.5)) == 2 for t in r.trees])
+        assert r.tree_kept.sum() == min(mixed.sum(), rule.target_groups(spec)) == r.metrics["mixed_groups"]
+        assert not (r.tree_kept & ~mixed).any()
+        assert r.metrics["rollouts_per_mixed_group"] == r.trajectories / r.metrics["mixed_groups"]
+        if kind == "easy":
+            assert r.trajectories < spec.total and r.rounds < spec.total // 8 // rule.round_prompts(spec)
+        else:
+            assert r.trajectories == spec.total and r.rounds == 4
+
+
+def test_mixed_group_metrics_of_an_ordinary_step():
+    r = _step("trace", spec=BudgetSpec(128, 2), seed=20)
+    mixed = sum(len(set(t.outcomes() > 0.5)) == 2 for t in r.trees)
+    assert r.metrics["mixed_groups"] == mixed == round(r.metrics["effective_ratio"] * len(r.trees))
+    assert r.metrics["rollouts_per_mixed_group"] == pytest.approx(r.trajectories / mixed)
+    assert r.metrics["kept_groups"] == len(r.trees) and r.metrics["rounds"] == 1
+    assert r.pool_ids is None and np.isnan(r.pool_success) and "pool_success" not in r.metrics
+
+
+def test_bad_persistent_pool_config_and_mismatch():
+    with pytest.raises(ValueError, match="dataset_factor"):
+        PersistentPoolConfig(dataset_factor=0)
+    with pytest.raises(ValueError, match="drift_noise_std"):
+        PersistentPoolConfig(drift_noise_std=-1.0)
+    with pytest.raises(ValueError, match="candidates a step"):
+        run_step("grpo", SMALL, OraclePredictor(), np.random.default_rng(0), pool=PersistentPool(10))
+    with pytest.raises(ValueError, match="another SimConfig"):
+        run_step("grpo", SMALL, OraclePredictor(), np.random.default_rng(0),
+                 pool=PersistentPool(SMALL.pool_size, SimConfig(kappa=3.0)))

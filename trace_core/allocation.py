@@ -2,7 +2,13 @@
 
 Everything here is numpy in, numpy out. The two TRACE solvers are exact; their reference
 implementations (`allocate_roots_dp`, `allocate_prefixes_greedy`) exist for tests and benchmarks
-and are never used as a silent fallback.
+and are never used as a silent fallback. The posterior-aware root solver
+(`allocate_roots_beta`) is the same exact solver on a Beta posterior per prompt.
+
+Beside the SPEC §4 baselines, the registry holds methods that remember prompts across steps
+(GRESO, the posterior-aware TRACE roots: a *history rule* reading a
+:class:`~trace_core.history.HistoryView`) and one that samples in rounds (DAPO's dynamic
+sampling: a *round rule*). Each is a field of :class:`Method`; nothing reads a method's name.
 """
 
 from __future__ import annotations
@@ -10,8 +16,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+
+from trace_core.history import GresoConfig, HistoryView, PosteriorConfig, beta_posterior, greso_keep
 
 # Unit gains closer than this are treated as equal when the tie rules apply (SPEC §2 "Ties").
 # With at most ~1e3 tied units per step the objective moves by < 1e-9, the tolerance SPEC uses.
@@ -690,12 +699,141 @@ def prefixes_random(
     return np.bincount(rng.integers(0, p.shape[0], size=budget), minlength=p.shape[0]).astype(np.int64)
 
 
+# ============================================================================ rules with memory or rounds
+HistoryRootRule = Callable[[np.ndarray, HistoryView, BudgetSpec, np.random.Generator], np.ndarray]
+"""A root rule that also reads the candidates' history (one row of the view per candidate)."""
+
+
+@dataclass(frozen=True)
+class WithoutHistory:
+    """A history rule called with an empty history: what it does on a first step, or when the
+    caller keeps no history. The stateless form of a history method (its ``root_rule``)."""
+
+    rule: HistoryRootRule
+
+    def __call__(self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+        return self.rule(v, HistoryView.empty(v.shape[0]), spec, rng)
+
+
+@dataclass(frozen=True)
+class GresoRoots:
+    """GRESO (arXiv 2506.02177): ``M(1+N)/G`` prompts × ``G``, no expansion, skipping before rollout
+    the prompts whose recent groups were all one outcome (:func:`~trace_core.history.greso_keep`).
+    The kept candidates are taken in random order; if fewer are kept than needed, filtered ones
+    fill the rest in random order (GRESO would draw more prompts from the dataset; our pool is
+    the step's candidates). With no history it is GRPO's uniform rule."""
+
+    config: GresoConfig = GresoConfig()
+
+    def __call__(self, v: np.ndarray, history: HistoryView, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+        n, B = spec.total // spec.group_size_G, v.shape[0]
+        if n > B:
+            raise ValueError(f"need {n} prompts of {spec.group_size_G} rollouts but the pool holds only {B}")
+        if len(history) != B:
+            raise ValueError(f"history has {len(history)} rows for a pool of {B} prompts")
+        keep = greso_keep(history, self.config, rng)
+        order = rng.permutation(B)
+        ranked = np.concatenate([order[keep[order]], order[~keep[order]]])
+        m = np.zeros(B, dtype=np.int64)
+        m[ranked[:n]] = spec.group_size_G
+        return m
+
+
+@dataclass(frozen=True)
+class PosteriorRoots:
+    """TRACE's roots on a Beta posterior per prompt (:func:`~trace_core.history.beta_posterior`:
+    the predictor's prior with ``prior_strength`` pseudo-rollouts plus the prompt's own discounted
+    bare root outcomes): the exact :func:`allocate_roots_beta`, or, with ``sample_posterior``,
+    :func:`allocate_roots_thompson` on one draw per prompt. Budget M, as TRACE's roots."""
+
+    config: PosteriorConfig = PosteriorConfig()
+    sample_posterior: bool = False  # True: Thompson (one posterior draw per prompt); False: the exact expectation
+
+    def __call__(self, v: np.ndarray, history: HistoryView, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+        if len(history) != v.shape[0]:
+            raise ValueError(f"history has {len(history)} rows for a pool of {v.shape[0]} prompts")
+        alpha, beta = beta_posterior(history, v, self.config)
+        if self.sample_posterior:
+            return allocate_roots_thompson(alpha, beta, spec.roots_M, spec.max_per_prompt, rng)
+        return allocate_roots_beta(alpha, beta, spec.roots_M, spec.max_per_prompt)
+
+
+class RoundRule(Protocol):
+    """Sampling in rounds: before each round the rule sees what the earlier rounds produced and
+    returns the round's bare rollouts per candidate (all zeros: stop); after the last round it
+    says which groups the policy trains on (the group filter). The budget ``spec.total`` is a cap
+    for such a method, not an amount it must spend."""
+
+    def next_round(
+        self, v: np.ndarray, sampled: np.ndarray, mixed_groups: int, spent: int, spec: BudgetSpec,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
+        """``sampled``: bool (B,), candidates that already got rollouts; ``mixed_groups``: groups so
+        far holding both outcomes; ``spent``: rollouts so far."""
+        ...
+
+    def keep_groups(self, mixed: np.ndarray, spec: BudgetSpec) -> np.ndarray:
+        """bool mask over the sampled groups, given in sampling order with ``mixed`` flags."""
+        ...
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling at an equal budget. Pinned defaults."""
+
+    target_fraction: float = 0.5  # B = target mixed groups, as a share of GRPO's M(1+N)/G prompts a step
+    round_fraction: float = 0.25  # prompts sampled per round, as a share of M(1+N)/G
+
+    def __post_init__(self) -> None:
+        for name in ("target_fraction", "round_fraction"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and 0.0 < value <= 1.0):
+                raise ValueError(f"{name} = {value}: it must lie in (0, 1]")
+
+
+@dataclass(frozen=True)
+class DynamicSampling:
+    """DAPO (arXiv 2503.14476) dynamic sampling: rounds of random unsampled prompts × ``G`` until
+    the batch holds ``B`` mixed groups or the budget ``M(1+N)`` is spent; groups of one outcome
+    are dropped (the group filter) and mixed groups beyond the first ``B`` too (DAPO trims the
+    batch to its size) — they still cost their rollouts."""
+
+    config: DynamicSamplingConfig = DynamicSamplingConfig()
+
+    def target_groups(self, spec: BudgetSpec) -> int:
+        return max(1, round(self.config.target_fraction * spec.total / spec.group_size_G))
+
+    def round_prompts(self, spec: BudgetSpec) -> int:
+        return max(1, round(self.config.round_fraction * spec.total / spec.group_size_G))
+
+    def next_round(
+        self, v: np.ndarray, sampled: np.ndarray, mixed_groups: int, spent: int, spec: BudgetSpec,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
+        m = np.zeros(v.shape[0], dtype=np.int64)
+        if mixed_groups >= self.target_groups(spec):
+            return m
+        fresh = np.flatnonzero(~sampled)
+        n = min(self.round_prompts(spec), (spec.total - spent) // spec.group_size_G, fresh.size)
+        if n > 0:
+            m[rng.choice(fresh, size=n, replace=False)] = spec.group_size_G
+        return m
+
+    def keep_groups(self, mixed: np.ndarray, spec: BudgetSpec) -> np.ndarray:
+        mixed = np.asarray(mixed, dtype=bool)
+        return mixed & (np.cumsum(mixed) <= self.target_groups(spec))
+
+
 @dataclass(frozen=True)
 class Method:
     """A named allocation method: a root rule and, when it expands, a prefix rule (SPEC §4).
 
     Which rules a method uses are its fields, never something read off its name: a caller asks
-    ``method.explores_roots``, not whether the name starts with "trace"."""
+    ``method.explores_roots``, not whether the name starts with "trace". Two optional rules extend
+    the contract: a ``history_rule`` (the roots also read each candidate's earlier outcomes; the
+    caller passes a :class:`~trace_core.history.HistoryView`, and ``root_rule`` is the same rule
+    on an empty history) and a ``round_rule`` (bare rollouts in rounds with a group filter; a
+    caller that cannot sample in rounds uses ``root_rule``, every round at once)."""
 
     name: str
     root_rule: RootRule
@@ -709,14 +847,38 @@ class Method:
     # Either rule reads the success predictor's scores (PCL and TRACE's roots, TRACE's prefixes):
     # such a method is worth fitting the predictor for before RL (a warm-up); the others ignore it.
     uses_predictor: bool = False
+    # The root rule when the caller keeps a per-prompt history (GRESO, the posterior roots).
+    history_rule: HistoryRootRule | None = None
+    # Bare rollouts in rounds with a group filter (DAPO's dynamic sampling); no expansion.
+    round_rule: RoundRule | None = None
+
+    def __post_init__(self) -> None:
+        if self.round_rule is not None and self.prefix_rule is not None:
+            raise ValueError(f"method {self.name!r}: a round rule samples bare groups only; it cannot expand")
 
     @property
     def expands(self) -> bool:
         return self.prefix_rule is not None
 
-    def allocate_roots(self, v: object, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+    @property
+    def reads_history(self) -> bool:
+        """Whether the roots read the candidates' history (pass ``history`` to allocate_roots)."""
+        return self.history_rule is not None
+
+    @property
+    def samples_in_rounds(self) -> bool:
+        return self.round_rule is not None
+
+    def allocate_roots(
+        self, v: object, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
+    ) -> np.ndarray:
+        """The step's bare rollouts per candidate. ``history`` (one row per candidate) is read by a
+        history rule and ignored otherwise; without it a history rule sees an empty history."""
         v = _as_probabilities(v, "v")
-        m = self.root_rule(v, spec, rng)
+        if self.history_rule is not None and history is not None:
+            m = self.history_rule(v, history, spec, rng)
+        else:
+            m = self.root_rule(v, spec, rng)
         expected = spec.roots_M if self.expands else spec.total
         if int(m.sum()) != expected:  # a loud guard on the equal-cost contract
             raise AssertionError(f"{self.name}: root allocation spends {int(m.sum())}, expected {expected}")
@@ -763,3 +925,19 @@ register_method(Method("trace-root-only", roots_trace, prefixes_random, "exact S
                        explores_roots=True, uses_predictor=True))
 register_method(Method("trace-prefix-only", roots_uniform, prefixes_trace, "M/G random prompts × G; exact §3",
                        uses_predictor=True))
+
+_GRESO = GresoRoots()
+register_method(Method("greso", WithoutHistory(_GRESO), None,
+                       "GRESO: M(1+N)/G prompts × G, skipping prompts whose recent groups were all one outcome",
+                       history_rule=_GRESO))
+register_method(Method("dapo", roots_uniform_all, None,
+                       "DAPO dynamic sampling: rounds of random prompts × G until B mixed groups or the budget; "
+                       "one-outcome groups dropped", round_rule=DynamicSampling()))
+_POSTERIOR = PosteriorRoots()
+register_method(Method("trace-posterior", WithoutHistory(_POSTERIOR), prefixes_trace,
+                       "exact roots on a Beta posterior (predictor prior + own outcomes); exact SPEC §3 prefixes",
+                       explores_roots=True, uses_predictor=True, history_rule=_POSTERIOR))
+_THOMPSON = PosteriorRoots(sample_posterior=True)
+register_method(Method("trace-posterior-thompson", WithoutHistory(_THOMPSON), prefixes_trace,
+                       "SPEC §2 roots on one posterior draw per prompt; exact SPEC §3 prefixes",
+                       explores_roots=True, uses_predictor=True, history_rule=_THOMPSON))

@@ -26,9 +26,28 @@ the hidden ``V_t`` and the observation in ``node.info``), compute SPEC §7's met
 then let the predictor learn from the step's trees — so every prediction used for allocation or
 reported in the metrics is out-of-sample.
 
+Two modes for the candidate pool:
+
+- **i.i.d.** (the default, ``pool=None``): every step draws fresh prompts from the prior, so no
+  prompt recurs and a method that remembers prompts collapses to one that does not;
+- **persistent** (``pool=PersistentPool(...)``): a finite dataset of ``dataset_factor ×`` the
+  candidate pool, walked epoch by epoch in a fresh random order (every prompt is a candidate
+  once per epoch of ``dataset_factor`` steps), whose success probabilities drift as training
+  proceeds (:class:`PersistentPoolConfig`: in logit space, a small drift of every prompt towards
+  success, per-step Gaussian noise, and a larger push for each prompt that formed a trained
+  mixed group that step). A prompt's visible feature is its *current* logit plus an error drawn
+  once per prompt — a predictor's persistent misjudgement of it, which only the prompt's own
+  outcomes can correct. A :class:`~trace_core.history.PromptHistory` passed beside the pool
+  records each step's bare root outcomes for the methods that read history (GRESO, the posterior
+  roots).
+
+Methods that sample in rounds (DAPO's dynamic sampling) run their rounds here: the bare groups of
+a round are rolled out before the next round is chosen; the round rule's group filter decides
+which groups count as trained (``StepResult.tree_kept``), and the budget is a cap for them.
+
 Sampling is vectorised over paths (a Python loop runs over the ≤ ``horizon_max`` turns); trees
 are built in a light loop over nodes. Everything is seeded: the same generator state, method,
-budget and predictor give the same :class:`StepResult`.
+budget and predictor (and pool and history state) give the same :class:`StepResult`.
 """
 
 from __future__ import annotations
@@ -40,7 +59,8 @@ from typing import Protocol
 import numpy as np
 
 from trace_core.advantages import get_advantage_estimator
-from trace_core.allocation import BudgetSpec, Method, get_method
+from trace_core.allocation import BudgetSpec, Method, RoundRule, get_method
+from trace_core.history import PromptHistory
 from trace_core.metrics import (
     allocation_stats,
     contrastive_yield,
@@ -107,6 +127,94 @@ def sample_prompts(config: SimConfig, size: int, rng: np.random.Generator) -> Pr
     clipped = np.clip(p0, c, 1.0 - c)
     feature = np.log(clipped) - np.log1p(-clipped) + rng.normal(0.0, config.feature_noise_std, size=size)
     return PromptPool(p0=p0, horizon=horizon.astype(np.int64), feature=feature)
+
+
+@dataclass(frozen=True)
+class PersistentPoolConfig:
+    """The persistent pool's pinned defaults (fixed before any reported run). Per step, every
+    prompt's logit moves by ``global_drift + N(0, drift_noise_std)``, and each prompt that formed
+    a trained mixed group that step (its tree held both outcomes and the method trained on it)
+    moves up by ``learn_gain`` more: the policy learns from contrast, and what it learns makes the
+    prompt easier — so a method that finds mixed groups also uses them up."""
+
+    dataset_factor: int = 2  # dataset size D = dataset_factor × the candidate pool B; an epoch is that many steps
+    global_drift: float = 0.02  # logit added to every prompt per step (training generalises a little)
+    learn_gain: float = 0.25  # extra logit per step for a prompt that formed a trained mixed group
+    drift_noise_std: float = 0.1  # std of the Gaussian logit noise added to every prompt per step
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.dataset_factor, int) and self.dataset_factor >= 1):
+            raise ValueError(f"dataset_factor = {self.dataset_factor}: it must be an integer >= 1")
+        for name in ("global_drift", "learn_gain"):
+            if not np.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} = {getattr(self, name)}: it must be finite")
+        if not (np.isfinite(self.drift_noise_std) and self.drift_noise_std >= 0):
+            raise ValueError(f"drift_noise_std = {self.drift_noise_std}: a noise std must be finite and >= 0")
+
+
+class PersistentPool:
+    """A finite dataset of prompts that recur across steps and drift (:class:`PersistentPoolConfig`).
+
+    Prompt ``i`` keeps its horizon and its feature error for the whole run; its success
+    probability is ``sigmoid(logit_i)``, initially ``p0 ~ Beta(a, a)`` (clipped to
+    ``[feature_clip, 1 − feature_clip]``). The candidates of step ``s`` are slice ``s mod E`` of
+    epoch ``s // E``'s random order (``E = dataset_factor``): a function of the seed and the step
+    alone, so every method sees the same candidates at a step (common random numbers), while the
+    probabilities behind them depend on what the method trained on. The generators of the
+    dataset, the epoch orders and the drift noise are derived from ``seed``; the step's own
+    generator is never used here."""
+
+    def __init__(
+        self, candidates_per_step: int, config: SimConfig | None = None,
+        pool_config: PersistentPoolConfig | None = None, seed: int = 0,
+    ) -> None:
+        if int(candidates_per_step) < 1:
+            raise ValueError(f"candidates_per_step = {candidates_per_step}: it must be >= 1")
+        self.config = config or SimConfig()
+        self.pool_config = pool_config or PersistentPoolConfig()
+        self.candidates_per_step = int(candidates_per_step)
+        self.size = self.pool_config.dataset_factor * self.candidates_per_step
+        self.seed = int(seed)
+        rng = np.random.default_rng([self.seed, 0])
+        a, D = self.config.difficulty_beta, self.size
+        self.logit = _logit(rng.beta(a, a, size=D), self.config.feature_clip)
+        self.horizon = rng.integers(self.config.horizon_min, self.config.horizon_max + 1, size=D).astype(np.int64)
+        self.feature_error = rng.normal(0.0, self.config.feature_noise_std, size=D)
+        self.step = 0  # steps advanced so far; the next candidates are step `step`'s
+
+    def success_probability(self) -> np.ndarray:
+        """float64 (D,): every prompt's current success probability."""
+        return _sigmoid(self.logit)
+
+    def success(self) -> float:
+        """Pool success: the mean success probability over the whole dataset."""
+        return float(self.success_probability().mean())
+
+    def candidate_ids(self, step: int | None = None) -> np.ndarray:
+        """int64 (B,): the dataset indices that are step ``step``'s candidates (default: the next step)."""
+        step = self.step if step is None else int(step)
+        E = self.pool_config.dataset_factor
+        order = np.random.default_rng([self.seed, 1, step // E]).permutation(self.size)
+        k = step % E
+        return order[k * self.candidates_per_step : (k + 1) * self.candidates_per_step].astype(np.int64)
+
+    def candidates(self) -> tuple[np.ndarray, PromptPool]:
+        """The next step's candidates: their ids and a :class:`PromptPool` of their current state."""
+        ids = self.candidate_ids()
+        p = _sigmoid(self.logit[ids])
+        feature = _logit(p, self.config.feature_clip) + self.feature_error[ids]
+        return ids, PromptPool(p0=p, horizon=self.horizon[ids].copy(), feature=feature)
+
+    def advance(self, trained_mixed_ids: np.ndarray) -> None:
+        """End the step: drift every prompt, push the ones that formed a trained mixed group."""
+        ids = np.asarray(trained_mixed_ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.size or np.unique(ids).size != ids.size):
+            raise ValueError("trained_mixed_ids must be distinct dataset indices")
+        pc = self.pool_config
+        noise = np.random.default_rng([self.seed, 2, self.step]).normal(0.0, pc.drift_noise_std, size=self.size)
+        self.logit += pc.global_drift + noise
+        self.logit[ids] += pc.learn_gain
+        self.step += 1
 
 
 def martingale_step(v: np.ndarray, kappa: float, rng: np.random.Generator) -> np.ndarray:
@@ -446,9 +554,13 @@ class StepResult:
     anchor_pred: np.ndarray  # float64 (A,): predicted V at the anchor (before any update)
     anchor_value: np.ndarray  # float64 (A,): hidden V_t
     anchor_K: np.ndarray  # int64 (A,): continuations allocated to the anchor
-    trajectories: int  # finished trajectories in the trees (== spec.total, asserted)
+    trajectories: int  # finished trajectories in the trees (== spec.total, asserted; <= for round rules)
     turns_generated: int  # generated turn nodes: the simulator's stand-in for tokens
     metrics: dict[str, float] = field(default_factory=dict)
+    pool_ids: np.ndarray | None = None  # int64 (B,): dataset index of each candidate (persistent pool only)
+    tree_kept: np.ndarray | None = None  # bool per tree: the policy trains on it (a round rule's group filter)
+    rounds: int = 1  # sampling rounds of the bare rollouts
+    pool_success: float = float("nan")  # persistent pool: mean success probability after this step's drift
 
 
 def _checked_scores(values: object, n: int, what: str) -> np.ndarray:
@@ -471,41 +583,66 @@ def run_step(
     rng: np.random.Generator,
     config: SimConfig | None = None,
     compute_metrics: bool = True,
+    pool: PersistentPool | None = None,
+    history: PromptHistory | None = None,
 ) -> StepResult:
     """One step of SPEC §2–§4 with ``method`` at budget ``spec`` (``spec.total`` trajectories).
 
     Order: pool → score roots → ``m`` → bare rollouts → score anchors → ``K`` per prompt
     (an anchorless prompt spends ``m_i·N`` on extra root rollouts) → continuations → trees →
-    metrics → ``predictor.update(trees)``. Raises AssertionError if the trees do not hold
-    exactly ``spec.total`` trajectories (the equal-budget contract of SPEC §4)."""
+    metrics → ``predictor.update(trees)`` → ``history.record`` → ``pool.advance``. Raises
+    AssertionError if the trees do not hold exactly ``spec.total`` trajectories (the
+    equal-budget contract of SPEC §4; a method that samples in rounds may stop short of it).
+
+    ``pool``: a :class:`PersistentPool` to draw the candidates from (default: fresh i.i.d.
+    prompts); ``history``: the run's per-prompt record, read by history rules and updated with the
+    step's bare root outcomes (persistent pool only: i.i.d. prompts never recur)."""
     config = config or SimConfig()
     method = get_method(method) if isinstance(method, str) else method
     H, N = config.horizon_max, spec.expansion_N
-
-    # ---- candidate pool, shuffled (fresh i.i.d. prompts; the shuffle keeps SPEC §2's promise
-    # that no prompt is favoured by its index even if a caller passes a fixed dataset order)
-    pool = sample_prompts(config, spec.pool_size, rng)
-    order = rng.permutation(spec.pool_size)
-    pool = PromptPool(p0=pool.p0[order], horizon=pool.horizon[order], feature=pool.feature[order])
     B = spec.pool_size
 
+    # ---- candidate pool, shuffled (the shuffle keeps SPEC §2's promise that no prompt is
+    # favoured by its index even if a caller passes a fixed dataset order)
+    if pool is None:
+        if history is not None:
+            raise ValueError("a history needs a persistent pool: i.i.d. prompts never recur")
+        prompts, ids = sample_prompts(config, B, rng), None
+    else:
+        if pool.candidates_per_step != B:
+            raise ValueError(f"the pool serves {pool.candidates_per_step} candidates a step but the budget needs {B}")
+        if pool.config != config:
+            raise ValueError("the persistent pool was built with another SimConfig")
+        ids, prompts = pool.candidates()
+    order = rng.permutation(B)
+    prompts = PromptPool(p0=prompts.p0[order], horizon=prompts.horizon[order], feature=prompts.feature[order])
+    ids = None if ids is None else ids[order]
+    step = 0 if pool is None else pool.step
+
     # ---- stage 1: roots
-    root_batch = HistoryBatch(pool.feature, np.full((B, H), np.nan), np.zeros(B, dtype=np.int64), pool.p0)
+    root_batch = HistoryBatch(prompts.feature, np.full((B, H), np.nan), np.zeros(B, dtype=np.int64), prompts.p0)
     v = _checked_scores(predictor.score(root_batch), B, "root")
-    m = np.asarray(method.allocate_roots(v, spec, rng), dtype=np.int64)
+    rounds, sample_rank = 1, None
+    if method.round_rule is None:
+        view = history.view(ids, step) if (history is not None and method.reads_history) else None
+        m = np.asarray(method.allocate_roots(v, spec, rng, history=view), dtype=np.int64)
+    else:
+        m, bare_prompt, bare, rounds, sample_rank = _sample_in_rounds(method.round_rule, v, prompts, spec, config, rng)
     prefix_budget = m * N if method.expands else np.zeros(B, dtype=np.int64)
-    if int(m.sum() + prefix_budget.sum()) != spec.total:
-        raise AssertionError(f"{method.name}: spends {int(m.sum() + prefix_budget.sum())} != {spec.total}")
+    planned = int(m.sum() + prefix_budget.sum())
+    if planned != spec.total and not (method.samples_in_rounds and planned <= spec.total):
+        raise AssertionError(f"{method.name}: spends {planned} != {spec.total}")
     selected = np.flatnonzero(m)
 
     # ---- bare rollouts, grouped by prompt in pool order
-    bare_prompt = np.repeat(selected, m[selected])
+    if method.round_rule is None:
+        bare_prompt = np.repeat(selected, m[selected])
+        bare = simulate_paths(prompts.p0[bare_prompt], np.zeros(bare_prompt.size, dtype=np.int64),
+                              prompts.horizon[bare_prompt], config, rng)
     R = bare_prompt.size
-    bare_start = np.zeros(R, dtype=np.int64)
-    bare = simulate_paths(pool.p0[bare_prompt], bare_start, pool.horizon[bare_prompt], config, rng)
 
     # ---- anchors: turns 1..T−1 of each bare rollout
-    n_anchor = pool.horizon[bare_prompt] - 1
+    n_anchor = prompts.horizon[bare_prompt] - 1
     anchor_path = np.repeat(np.arange(R), n_anchor)
     A = anchor_path.size
     anchor_turn = 1 + np.arange(A) - np.repeat(np.cumsum(n_anchor) - n_anchor, n_anchor)
@@ -513,7 +650,7 @@ def run_step(
     anchor_obs = bare.observations[anchor_path, 1:]
     anchor_obs = np.where(np.arange(1, H + 1)[None, :] <= anchor_turn[:, None], anchor_obs, np.nan)
     anchor_value = bare.values[anchor_path, anchor_turn]
-    anchor_batch = HistoryBatch(pool.feature[anchor_prompt], anchor_obs, anchor_turn, anchor_value)
+    anchor_batch = HistoryBatch(prompts.feature[anchor_prompt], anchor_obs, anchor_turn, anchor_value)
     p = _checked_scores(predictor.score(anchor_batch), A, "anchor")
     anchor_reward = bare.reward[anchor_path]
 
@@ -530,41 +667,102 @@ def run_step(
             continue
         K[a0:a1] = method.allocate_prefixes(p[a0:a1], anchor_reward[a0:a1], budget, anchor_turn[a0:a1], rng)
     spent = int(m.sum() + K.sum() + root_extra.sum())
-    if spent != spec.total:
-        raise AssertionError(f"{method.name}: allocated {spent} rollouts != {spec.total}")
+    if spent != planned:
+        raise AssertionError(f"{method.name}: allocated {spent} rollouts != {planned}")
 
     # ---- continuations (from anchors, then extra root rollouts), grouped by prompt
     cont_anchor = np.repeat(np.arange(A), K)
     extra_prompt = np.repeat(np.arange(B), root_extra)
     cont_prompt = np.concatenate([anchor_prompt[cont_anchor], extra_prompt])
     cont_start_depth = np.concatenate([anchor_turn[cont_anchor], np.zeros(extra_prompt.size, dtype=np.int64)])
-    cont_start_value = np.concatenate([anchor_value[cont_anchor], pool.p0[extra_prompt]])
+    cont_start_value = np.concatenate([anchor_value[cont_anchor], prompts.p0[extra_prompt]])
     cont_from_anchor = np.concatenate([cont_anchor, np.full(extra_prompt.size, -1, dtype=np.int64)])
     by_prompt = np.argsort(cont_prompt, kind="stable")
     cont_prompt, cont_start_depth = cont_prompt[by_prompt], cont_start_depth[by_prompt]
     cont_start_value, cont_from_anchor = cont_start_value[by_prompt], cont_from_anchor[by_prompt]
-    cont = simulate_paths(cont_start_value, cont_start_depth, pool.horizon[cont_prompt], config, rng)
+    cont = simulate_paths(cont_start_value, cont_start_depth, prompts.horizon[cont_prompt], config, rng)
 
     # ---- trees
     trees, anchor_node = _build_trees(
-        pool, selected, bare_prompt, bare, anchor_path, anchor_turn, cont_prompt, cont_start_depth,
+        prompts, selected, bare_prompt, bare, anchor_path, anchor_turn, cont_prompt, cont_start_depth,
         cont_from_anchor, cont,
     )
     trajectories = sum(len(t.trajectories) for t in trees)
-    if trajectories != spec.total:
-        raise AssertionError(f"{method.name}: trees hold {trajectories} trajectories != {spec.total}")
+    if trajectories != planned:
+        raise AssertionError(f"{method.name}: trees hold {trajectories} trajectories != {planned}")
     turns = sum(len(t.nodes) - 1 for t in trees)
+    mixed = np.array([_holds_both(t) for t in trees], dtype=bool)
+    if method.round_rule is None:
+        kept = np.ones(len(trees), dtype=bool)
+    else:  # the group filter sees the groups in sampling order
+        by_rank = np.argsort(sample_rank[selected], kind="stable")
+        kept = np.zeros(len(trees), dtype=bool)
+        kept[by_rank] = np.asarray(method.round_rule.keep_groups(mixed[by_rank], spec), dtype=bool)
     result = StepResult(
-        method=method.name, trees=trees, tree_prompt=selected, pool_m=m, pool_pred=v, pool_value=pool.p0,
+        method=method.name, trees=trees, tree_prompt=selected, pool_m=m, pool_pred=v, pool_value=prompts.p0,
         root_extra=root_extra, anchor_prompt=anchor_prompt, anchor_node=anchor_node, anchor_turn=anchor_turn,
-        anchor_position=anchor_turn / pool.horizon[anchor_prompt], anchor_reward=anchor_reward,
+        anchor_position=anchor_turn / prompts.horizon[anchor_prompt], anchor_reward=anchor_reward,
         anchor_pred=p, anchor_value=anchor_value, anchor_K=K, trajectories=trajectories,
-        turns_generated=turns,
+        turns_generated=turns, pool_ids=ids, tree_kept=kept, rounds=rounds,
     )
     if compute_metrics:
         result.metrics = step_metrics(result)
     predictor.update(trees)  # after every score of this step has been used and recorded
+    if history is not None:  # the bare root outcomes, with the predictions the allocator used
+        wins = np.bincount(bare_prompt, weights=bare.reward, minlength=B)[selected]
+        history.record(step, ids[selected], wins, m[selected] - wins, v[selected])
+    if pool is not None:
+        pool.advance(ids[selected[mixed & kept]])
+        result.pool_success = pool.success()
+        if compute_metrics:
+            result.metrics["pool_success"] = result.pool_success
     return result
+
+
+def _holds_both(tree: RolloutTree) -> bool:
+    outcomes = tree.outcomes()
+    return bool(np.any(outcomes > 0.5) and np.any(outcomes <= 0.5))
+
+
+def _sample_in_rounds(
+    rule: RoundRule, v: np.ndarray, prompts: PromptPool, spec: BudgetSpec, config: SimConfig, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, Paths, int, np.ndarray]:
+    """Bare groups in rounds: each round's groups are rolled out before the rule picks the next.
+    Returns ``m``, the bare paths grouped by prompt in pool order, the number of rounds and each
+    candidate's rank in sampling order (−1: never sampled)."""
+    B = v.shape[0]
+    m = np.zeros(B, dtype=np.int64)
+    rank = np.full(B, -1, dtype=np.int64)
+    parts: list[tuple[np.ndarray, Paths]] = []
+    mixed = rounds = 0
+    while True:
+        m_r = np.asarray(rule.next_round(v, m > 0, mixed, int(m.sum()), spec, rng), dtype=np.int64)
+        if m_r.shape != (B,) or np.any(m_r < 0) or np.any(m_r == 1) or np.any((m_r > 0) & (m > 0)):
+            raise ValueError("a round must give fresh prompts 0 or >= 2 rollouts each, one entry per candidate")
+        if not m_r.any():
+            break
+        if int(m.sum() + m_r.sum()) > spec.total:
+            raise AssertionError(f"rounds spend {int(m.sum() + m_r.sum())} > the budget {spec.total}")
+        sel = np.flatnonzero(m_r)
+        bp = np.repeat(sel, m_r[sel])
+        paths = simulate_paths(prompts.p0[bp], np.zeros(bp.size, dtype=np.int64), prompts.horizon[bp], config, rng)
+        wins = np.bincount(bp, weights=paths.reward, minlength=B)[sel]
+        mixed += int(((wins > 0) & (wins < m_r[sel])).sum())
+        rank[sel] = int((rank >= 0).sum()) + np.arange(sel.size)
+        parts.append((bp, paths))
+        m += m_r
+        rounds += 1
+    if not parts:
+        empty = np.zeros((0, config.horizon_max + 1))
+        return m, np.zeros(0, dtype=np.int64), Paths(empty, empty.copy(), np.zeros(0)), rounds, rank
+    bp_all = np.concatenate([bp for bp, _ in parts])
+    by_prompt = np.argsort(bp_all, kind="stable")
+    paths = Paths(
+        values=np.concatenate([q.values for _, q in parts])[by_prompt],
+        observations=np.concatenate([q.observations for _, q in parts])[by_prompt],
+        reward=np.concatenate([q.reward for _, q in parts])[by_prompt],
+    )
+    return m, bp_all[by_prompt], paths, rounds, rank
 
 
 def _build_trees(
@@ -621,6 +819,10 @@ def _build_trees(
 def step_metrics(result: StepResult) -> dict[str, float]:
     """SPEC §7's contrast metrics, allocation statistics and predictor diagnostics of one step.
 
+    Effective ratio and contrastive yield count every sampled group (a round rule's dropped
+    groups included: they were paid for); ``mixed_groups`` counts the mixed groups the policy
+    trains on and ``rollouts_per_mixed_group`` divides every trajectory spent by them.
+
     Spearman is reported twice: against the tree-backed targets ``V̂`` (SPEC §5, what a real
     run can log) and against the hidden true ``V`` over the whole pool / every anchor (what only
     a simulator can know). All predictions were made before the predictor saw this step."""
@@ -643,6 +845,8 @@ def step_metrics(result: StepResult) -> dict[str, float]:
         np.concatenate([result.anchor_position, np.zeros(extra.size)]),
     )
     k_share = stats.k_share_by_position
+    kept = np.ones(len(trees), dtype=bool) if result.tree_kept is None else np.asarray(result.tree_kept, dtype=bool)
+    mixed_kept = int(sum(_holds_both(t) for t, k in zip(trees, kept, strict=True) if k))
     out = {
         "effective_ratio": effective_ratio(trees),
         "prefix_effective_ratio": prefix_effective_ratio(trees),
@@ -658,6 +862,13 @@ def step_metrics(result: StepResult) -> dict[str, float]:
         "spearman_root_vs_true": spearman(result.pool_pred, result.pool_value),
         "spearman_anchor_vs_true": spearman(result.anchor_pred, result.anchor_value),
         "mean_reward": float(np.mean(np.concatenate([t.outcomes() for t in trees]))) if trees else np.nan,
+        # the price of contrast: every rollout spent, per mixed group the policy trains on (a
+        # round rule's filter drops one-outcome groups and trims mixed ones beyond its target)
+        "mixed_groups": float(mixed_kept),
+        "rollouts_per_mixed_group": result.trajectories / mixed_kept if mixed_kept else np.nan,
+        "mixed_per_100_rollouts": 100.0 * mixed_kept / result.trajectories if result.trajectories else np.nan,
+        "kept_groups": float(kept.sum()),
+        "rounds": float(result.rounds),
     }
     for b in range(k_share.size):
         lo_edge, hi_edge = stats.position_bin_edges[b], stats.position_bin_edges[b + 1]
