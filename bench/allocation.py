@@ -227,7 +227,8 @@ SECTIONS = ("brute_force", "roots", "roots_beta", "prefixes")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Example:\n  python bench/allocation.py --only roots_beta")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
     ap.add_argument("--only", nargs="+", choices=SECTIONS, default=None,
                     help="run only these sections and keep the others from the existing --out file")

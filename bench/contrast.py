@@ -309,7 +309,10 @@ def posterior_sweep(args: argparse.Namespace, tasks: list[Task], results: list[d
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Examples:\n  python bench/contrast.py --quick\n"
+                                            "  python bench/contrast.py --posterior-sweep --seed 100")
     parser.add_argument("--quick", action="store_true", help="small shapes and few steps: a smoke run")
     parser.add_argument("--workers", type=int, default=2, help="processes (results do not depend on it)")
     parser.add_argument("--seed", type=int, default=0)

@@ -52,6 +52,23 @@ from collections.abc import Sequence  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+
+def parse_args() -> argparse.Namespace:
+    """Parsed before torch is imported, so that ``--help`` answers at once."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Example:\n  python bench/predictor.py --steps 10")
+    ap.add_argument("--quick", action="store_true", help="fewer steps and smaller budgets (smoke run)")
+    ap.add_argument("--steps", type=int, default=80, help="online steps per predictor")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=2, help="best-of repeats for timings")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/predictor.json"))
+    return ap.parse_args()
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -652,14 +669,7 @@ def plot(out_png: Path, online: dict, scoring: dict, share: dict, real: dict, wi
     fig.savefig(out_png, dpi=110)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps and smaller budgets (smoke run)")
-    ap.add_argument("--steps", type=int, default=80, help="online steps per predictor")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=2, help="best-of repeats for timings")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/predictor.json"))
-    args = ap.parse_args()
+def main(args: argparse.Namespace) -> None:
     steps = 10 if args.quick else args.steps
     window = 10
 
@@ -809,4 +819,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

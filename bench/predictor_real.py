@@ -18,6 +18,8 @@ The policy must have mixed rewards on the training prompts, or every target is 0
 correlation exists. ``--policy`` is a policy warm-started on the first ``--train-tasks`` QA
 training tasks until it reproduces their demonstrations:
 
+Examples:
+
     python -m trace_core.warmstart --tasks qa --train-tasks 16 --view-epochs 0 --epochs 50 \\
         --lr 5e-3 --batch-size 4 --threads 2 --real-observations --eval-split train --eval-tasks 16 \\
         --eval-samples 4 --qa-index artifacts/qa_index --out runs/warm_fit16r

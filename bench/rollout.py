@@ -605,7 +605,8 @@ def print_long_tail(lt: dict, cfg: BenchConfig) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Example:\n  python bench/rollout.py")
     ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke run, under a minute)")
     ap.add_argument("--block-size", type=int, default=None, help="vLLM KV block size (default 32)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/rollout.json"))

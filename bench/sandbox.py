@@ -59,7 +59,9 @@ def timed(fn, repeats: int) -> list[tuple[float, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Example:\n  python bench/sandbox.py --repeats 30")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sandbox.json"))
     args = parser.parse_args()

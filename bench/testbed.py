@@ -10,6 +10,8 @@ effective ratio at G = k (the mixed share). Writes ``bench/results/testbed.json`
 Calibration target (the paper's GRPO at 0.268): GRPO's effective ratio (G = 8) on the pool in
 [0.20, 0.40], most prompts never or always solved, no interior bin above half the mixed.
 
+Examples:
+
     python bench/testbed.py                       # build (~10 min) if needed, then measure (~3 min)
     python bench/testbed.py --out runs/testbed --samples 8
 """

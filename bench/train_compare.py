@@ -14,6 +14,8 @@ Targets (fixed before any run): TRACE's effective ratio >= 1.8x GRPO's; contrast
 pool success with <= 70% of GRPO's rollouts, judged only if GRPO's pool-success gain exceeds 3
 standard errors of the measurement.
 
+Examples:
+
     python bench/train_compare.py --testbed runs/testbed            # the full run (~1-2 h)
     python bench/train_compare.py --testbed runs/testbed --quick    # grpo and trace, one seed
 """

@@ -6,6 +6,7 @@
     python -m pipelines schedule --host ... --cron "0 0 3 * * *"  # a recurring retrain
     python -m pipelines params                                    # write params.yaml (DVC) from the config
     python -m pipelines stage train --method trace                # one DVC stage (dvc.yaml)
+    python -m pipelines ui                                        # the MLflow UI on the main job's runs
 
 Every command takes ``--config FILE`` (a YAML of PipelineConfig fields) and ``key=value``
 overrides (``train.steps=10 methods=[grpo,pcl,treepo,trace]``).
@@ -211,13 +212,18 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.split("\n")[0],
+    head, _, rest = __doc__.partition("\n\n")
+    parser = argparse.ArgumentParser(prog="python -m pipelines", description=head,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Overrides are dotted keys of PipelineConfig (pipelines/config.py).")
+                                     epilog="Examples:\n" + rest.split("\n\n")[0] + "\n\nOverrides are dotted "
+                                     "keys of PipelineConfig (pipelines/config.py), e.g. train.steps=10.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add(name: str, help_text: str, config_default: str | None = None) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    def add(name: str, help_text: str, example: str, config_default: str | None = None) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog=f"Example:\n  {example}\n\nOverrides are dotted keys of PipelineConfig "
+                                  "(pipelines/config.py).")
         p.add_argument("--config", default=config_default, help="YAML of PipelineConfig fields (default: %(default)s)")
         p.add_argument("overrides", nargs="*", help="key=value overrides, applied after the file")
         return p
@@ -229,32 +235,39 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--mlflow-uri", default=None, help="MLflow URI inside the cluster (default http://mlflow:5000)")
         p.add_argument("--output", default="runs/pipeline.yaml", help="where the compiled package is written")
 
-    p = add("compile", "compile the pipeline (with its Kubernetes placement) to YAML")
+    p = add("compile", "compile the pipeline (with its Kubernetes placement) to YAML",
+            "python -m pipelines compile -o pipeline.yaml --pytorchjob pytorchjob.yaml")
     p.add_argument("-o", "--output", default="pipeline.yaml", help="pipeline package to write")
     p.add_argument("--pytorchjob", default=None, help="also write the multi-node PyTorchJob manifest here")
     p.add_argument("--mlflow-uri", default=None, help="MLflow URI the steps log to (default http://mlflow:5000)")
     p.set_defaults(fn=cmd_compile)
-    p = add("run", "run the pipeline on this machine (kfp.local subprocess runner)")
+    p = add("run", "run the pipeline on this machine (kfp.local subprocess runner): the main job",
+            "python -m pipelines run --local train.steps=6")
     p.add_argument("--local", action="store_true", help="required: run here with kfp.local")
     p.add_argument("--ui-port", type=int, default=5000, help="port in the printed MLflow UI command")
     p.set_defaults(fn=cmd_run)
-    p = add("ui", "serve the MLflow UI on the main job's tracking store and print the last comparison's URL")
+    p = add("ui", "serve the MLflow UI on the main job's tracking store and print the last comparison's URL",
+            "python -m pipelines ui --port 5001")
     p.add_argument("--port", type=int, default=5000, help="port of the MLflow UI (default: %(default)s)")
     p.set_defaults(fn=cmd_ui)
-    p = add("submit", "submit one run to a Kubeflow Pipelines endpoint")
+    p = add("submit", "submit one run to a Kubeflow Pipelines endpoint",
+            "python -m pipelines submit --host https://kfp.example.com --run-name nightly")
     cluster(p)
     p.add_argument("--run-name", default=None, help="KFP run name")
     p.set_defaults(fn=cmd_submit)
-    p = add("schedule", "schedule a recurring retrain (warm start from the registry's champion)")
+    p = add("schedule", "schedule a recurring retrain (warm start from the registry's champion)",
+            'python -m pipelines schedule --host https://kfp.example.com --cron "0 0 3 * * *"')
     cluster(p)
     p.add_argument("--cron", required=True, help='cron expression with seconds, e.g. "0 0 3 * * *" (03:00 daily)')
     p.add_argument("--job-name", default="trace-rl-retrain", help="recurring run name")
     p.set_defaults(fn=cmd_schedule)
-    p = add("params", "write params.yaml (DVC's parameters) from the configuration")
+    p = add("params", "write params.yaml (DVC's parameters) from the configuration",
+            "python -m pipelines params --check")
     p.add_argument("-o", "--output", default=PARAMS_FILE)
     p.add_argument("--check", action="store_true", help="exit 1 if the file differs from the configuration")
     p.set_defaults(fn=cmd_params)
-    p = add("stage", "run one DVC stage (see dvc.yaml)", config_default=PARAMS_FILE)
+    p = add("stage", "run one DVC stage (see dvc.yaml)", "python -m pipelines stage train --method trace",
+            config_default=PARAMS_FILE)
     p.add_argument("name", help="prepare_data | build_retriever_index | warm_start | train | evaluate | profile "
                    "| compare")
     p.add_argument("--method", default=None, help="the method of train/evaluate/profile")

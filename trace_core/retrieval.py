@@ -395,7 +395,12 @@ class Retriever:
 
 # ---------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trace_core.retrieval", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trace_core.retrieval", description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Examples:\n"
+               "  python -m trace_core.retrieval build --corpus data/qa/corpus.jsonl --out artifacts/qa_index\n"
+               "  python -m trace_core.retrieval search --index artifacts/qa_index -k 3 \"who founded the city\"")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="embed a passage corpus and write a faiss index artifact")
     b.add_argument("--corpus", required=True, help="passage JSONL (id, title, text)")

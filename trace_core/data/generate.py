@@ -180,7 +180,9 @@ def verify(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trace_core.data.generate", description=__doc__.split("\n")[0]
+        prog="python -m trace_core.data.generate", description=__doc__.split("\n")[0],
+        epilog="Example:\n  python -m trace_core.data.generate --out data --verify   # regenerate and check data.dvc",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", default="data", help="output directory (default: data)")
     parser.add_argument(

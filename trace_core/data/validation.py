@@ -324,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trace_core.data.validation",
         description="Validate normalized JSONL data files (examples or corpus passages).",
+        epilog="Example:\n  python -m trace_core.data.validation data/qa/train.jsonl data/qa/corpus.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("files", nargs="+", type=Path, help="JSONL files to validate")
     parser.add_argument("--kind", choices=KINDS, help="the suite to apply (default: inferred per file)")

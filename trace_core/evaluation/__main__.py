@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         "lengths per benchmark, in-/out-of-domain averages; results to files, MLflow and a paper-style table. "
         "The untrained ReAct baseline is this command on the initial checkpoint (e.g. runs/warm/policy).",
         epilog=f"Benchmarks: a family ({', '.join(FAMILIES)}) stands for its embedded test sets; known names: "
-        f"{known}. Those without embedded data need --file NAME=PATH (the published format).",
+        f"{known}. Those without embedded data need --file NAME=PATH (the published format).\n\n"
+        "Example:\n  python -m trace_core.evaluation --checkpoint runs/warm/policy --benchmarks qa --samples 4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--checkpoint", required=True, help="policy directory (save_pretrained: model + tokenizer)")
     p.add_argument("--benchmarks", default=None,

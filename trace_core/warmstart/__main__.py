@@ -27,6 +27,9 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
         description="Warm-start a tiny Qwen3 policy: scripted expert demonstrations (with errors), a tokenizer "
         "trained on them, SFT on the model-written tokens, and its success rate per task through the "
         "rollout executor and the real environments.",
+        epilog="Examples:\n  python -m trace_core.warmstart --out runs/warm --tasks qa,math\n"
+               "  python -m trace_core.warmstart --testbed --out runs/testbed   # the embedded testbed",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--data", default="data", help="generated data directory (python -m trace_core.data.generate)")
     p.add_argument("--out", default="runs/warm", help="output directory (init/, policy/, demos.jsonl, report.json)")
