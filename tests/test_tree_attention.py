@@ -20,7 +20,7 @@ from trace_core.tree_packing.logprobs import chunked_token_logprobs, install_log
 
 VOCAB = 97
 # tiny calls: many groups, split segments, padding everywhere
-TIGHT = TreeAttentionConfig(query_chunk=5, max_pairs_per_call=600, max_keys_per_call=120, key_bucket=1.0)
+TIGHT = TreeAttentionConfig(query_chunk=5, max_pairs_per_call=600, max_keys_per_call=120, bucket=1.0)
 
 
 def tiny_model(tie: bool = False, seed: int = 0) -> torch.nn.Module:
@@ -251,8 +251,8 @@ def test_bfloat16_autocast_follows_the_dense_path() -> None:
 def test_bad_plans_raise() -> None:
     with pytest.raises(ValueError, match="query_chunk"):
         TreeAttentionConfig(query_chunk=0)
-    with pytest.raises(ValueError, match="key_bucket"):
-        TreeAttentionConfig(key_bucket=0.5)
+    with pytest.raises(ValueError, match="bucket"):
+        TreeAttentionConfig(bucket=0.5)
     model = tiny_model()
     (pack,) = pack_token_trees([tree_tokens(random_tree(0))])
     plan = build_plan(pack, torch.device("cpu"))
@@ -261,3 +261,39 @@ def test_bad_plans_raise() -> None:
     with pytest.raises(ValueError, match="install_logprob_head"):
         packed_token_logprobs(model, pack, np.zeros(pack.num_tokens, dtype=np.int64),
                               np.ones(pack.num_tokens, dtype=bool), torch.device("cpu"))
+
+
+# ---------------------------------------------------------------------------- the benchmark's workload
+def test_benchmark_tree_has_the_paper_shape_at_every_size() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import tree_training as bench
+
+    shape = bench.TreeShape()
+    for size in (1024, 4096):
+        tree, adv, _ = bench.build_tree(shape, size, VOCAB)
+        tree.validate()
+        stats = bench.tree_stats(tree)
+        assert stats["distinct_tokens"] == size and stats["leaves"] == 48 and stats["sharing_ratio"] >= 2
+        assert len(tree.bare_trajectories()) == 16
+        assert sorted(len(tree.path(t.leaf)) - 1 for t in tree.bare_trajectories())[0] >= shape.min_turns
+        packs = {p: bench.inputs_for(p, tree, adv) for p in ("tree", "varlen")}
+        assert packs["tree"][0].num_tokens == size
+        assert packs["varlen"][0].num_tokens == stats["path_tokens"]  # shared prefixes repeated
+        # both paths train the same tokens: each leaf's model-written tokens, once (tree) or per path
+        assert packs["varlen"][2].sum() == sum(sum(tree.history_loss_mask(leaf)) for leaf in tree.leaves())
+
+
+def test_benchmark_help_imports_no_torch() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "tree_training.py"
+    code = ("import runpy, sys\nsys.argv = ['tree_training.py', '--help']\ntry:\n"
+            f"    runpy.run_path({str(script)!r}, run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False False"

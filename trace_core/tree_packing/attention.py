@@ -13,10 +13,10 @@ Why this design (segment-wise attention over gathered ancestor keys, recomputed 
   a unit attends to exactly its history's keys: its ancestors' tokens, then its own segment up
   to the unit's last token, causal. The work is ``Σ q·k``, the pairs separate per-path forwards
   would compute for the distinct tokens, with no cross-branch pair ever computed.
-- Units of similar shape are batched into one ``scaled_dot_product_attention`` call (query
-  counts bucketed by powers of two, key counts within ``key_bucket`` of each other), padded, with
-  a causal-offset mask built on the fly: a call's transient memory is bounded by
-  ``max_pairs_per_call`` and ``max_keys_per_call``, whatever the tree's size.
+- Units of similar shape are batched into one ``scaled_dot_product_attention`` call (query and
+  key counts each within ``bucket`` of the call's smallest), padded, with a causal-offset mask
+  built on the fly: a call's transient memory is bounded by ``max_pairs_per_call`` and
+  ``max_keys_per_call``, whatever the tree's size, and padding wastes at most ``bucket²``.
 - Autograd keeps nothing of those calls: a custom function saves only the layer's ``q``, ``k``
   and ``v`` (which every attention keeps) and recomputes each call in backward (as
   flash-attention does), accumulating the gradients of the shared ancestor keys in float32.
@@ -53,13 +53,13 @@ class TreeAttentionConfig:
     query_chunk: int = 256  # most query tokens of one unit: longer segments are split, bounding the causal waste
     max_pairs_per_call: int = 1 << 22  # padded query × key pairs of one sdpa call (its transient mask and scores)
     max_keys_per_call: int = 1 << 16  # padded keys one sdpa call gathers (its transient K/V copies)
-    key_bucket: float = 1.25  # units share a call when their key counts are within this ratio (padding waste)
+    bucket: float = 1.25  # units share a call when their query and key counts are each within this ratio
 
     def __post_init__(self) -> None:
         if self.query_chunk < 1 or self.max_pairs_per_call < 1 or self.max_keys_per_call < 1:
             raise ValueError("query_chunk, max_pairs_per_call and max_keys_per_call must be >= 1")
-        if self.key_bucket < 1.0:
-            raise ValueError(f"key_bucket must be >= 1, got {self.key_bucket}")
+        if self.bucket < 1.0:
+            raise ValueError(f"bucket must be >= 1, got {self.bucket}")
 
 
 @dataclass(frozen=True)
@@ -82,10 +82,6 @@ class TreeAttentionPlan:
     pairs: int = 0  # visible (query, key) pairs: the dense mask's True entries
     padded_pairs: int = 0  # Σ G·Q·K over the calls: the pairs computed
     key_entries: int = 0  # Σ G·K: the plan's key-index size
-
-
-def _pow2(x: np.ndarray) -> np.ndarray:
-    return np.left_shift(1, np.ceil(np.log2(np.maximum(x, 1))).astype(np.int64))
 
 
 def _history_keys(pack: Pack) -> list[np.ndarray]:
@@ -114,7 +110,9 @@ def build_plan(pack: Pack, device: torch.device, config: TreeAttentionConfig | N
     u_b = np.minimum(u_a + cfg.query_chunk, length[u_seg])
     q_len = u_b - u_a
     k_len = hist[u_seg] + u_b
-    q_bucket = _pow2(q_len)
+    # query buckets: [r^i, r^(i+1)) for bucket ratio r (exact counts when r == 1)
+    q_bucket = (np.floor(np.log(q_len) / np.log(cfg.bucket) + 1e-9).astype(np.int64) if cfg.bucket > 1
+                else q_len.astype(np.int64))
     order = np.lexsort((k_len, q_bucket))
     hist_keys = _history_keys(pack)
 
@@ -153,7 +151,7 @@ def build_plan(pack: Pack, device: torch.device, config: TreeAttentionConfig | N
         pairs += q * k - q * (q - 1) // 2  # the causal tail of its own chunk is not needed
         if members:
             Q2, K2, G2 = max(Q, q), max(K, k), len(members) + 1
-            fits = (b == qb and K2 <= K0 * cfg.key_bucket and G2 * Q2 * K2 <= cfg.max_pairs_per_call
+            fits = (b == qb and K2 <= K0 * cfg.bucket and G2 * Q2 * K2 <= cfg.max_pairs_per_call
                     and G2 * K2 <= cfg.max_keys_per_call)
             if fits:
                 members.append(u)

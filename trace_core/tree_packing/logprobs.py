@@ -58,8 +58,8 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
             r, t, g = rows[a:a + ctx.chunk], targets[a:a + ctx.chunk], grad[a:a + ctx.chunk].float()
             h = hidden.index_select(0, r)
             logits = (h @ weight.t()).float()
-            # d(logit[t] − lse)/d logits = onehot(t) − softmax
-            dlogits = torch.exp(logits - lse[a:a + ctx.chunk, None]).mul_(-g[:, None])
+            # d(logit[t] − lse)/d logits = onehot(t) − softmax, in place: one chunk of logits alive
+            dlogits = logits.sub_(lse[a:a + ctx.chunk, None]).exp_().mul_(-g[:, None])
             dlogits.scatter_add_(1, t[:, None], g[:, None])
             dl = dlogits.to(hidden.dtype)
             dh.index_add_(0, r, (dl @ weight).float())
