@@ -421,6 +421,26 @@ def test_tiny_checkpoints_on_every_family_through_vllm(tiny_models, vllm_engine,
     assert "| ReAct (seed 1) | 0.0 |" in table and "**" not in table  # all-zero columns: nothing in bold
 
 
+def test_progress_chunks_give_the_same_rollouts_as_one_batch(tiny_models, vllm_engine, qa_factory, tmp_path: Path,
+                                                             capsys) -> None:
+    """Evaluation rolls out in chunks with a progress line after each; the per-request seeds do not
+    depend on the batch, so the records equal those of one batch."""
+    agent = AgentConfig(max_turns=2, max_new_tokens=12, max_total_tokens=1024, temperature=1.0)
+    records = {}
+    for every in (0, 1):
+        config = EvalConfig(name=f"chunks{every}", benchmarks=[BenchmarkConfig("arith", max_examples=3)],
+                            data_dir=str(DATA), samples=2, agents=FamilyAgents(math=agent, qa=agent, fc=agent),
+                            envs=ENVS, validate=False, output_dir=str(tmp_path / f"every{every}"),
+                            progress_every=every)
+        res = evaluate(tiny_models[0], config, engine=vllm_engine, env_factories={"qa": qa_factory})
+        records[every] = [{k: v for k, v in json.loads(x).items() if k != "wall_s"}
+                          for x in Path(res.files["examples"]).read_text().splitlines()]
+    out = capsys.readouterr().out
+    assert records[0] == records[1]
+    assert "progress: chunks1 math/sampled: 1/3 examples" in out and "3/3 examples" in out
+    assert "progress: chunks0" not in out  # 0: one batch, silent
+
+
 def test_cli_help_and_a_run_on_the_transformers_engine(tiny_models, tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as done:
         main(["--help"])

@@ -67,6 +67,7 @@ class EvalConfig:
     pass_at: list[int] = field(default_factory=list)  # extra pass@j to report (each <= samples);
     #                                                   pass@1 and pass@samples are always reported
     greedy: bool = True  # also run one greedy (temperature 0) trajectory per example
+    progress_every: int = 16  # examples per progress line (rolled out as one batch each); 0 = one batch, silent
     seed: int = 0  # seeds the per-request sampling seeds (and the engine when built here)
     agents: FamilyAgents = field(default_factory=FamilyAgents)  # turn limits and temperature per family
     envs: EnvsConfig = field(default_factory=EnvsConfig)  # environment settings per family
@@ -88,6 +89,8 @@ class EvalConfig:
                              f"got {self.samples}")
         if self.samples == 0 and not self.greedy:
             raise ValueError("samples=0 and greedy=false leave nothing to evaluate")
+        if self.progress_every < 0:
+            raise ValueError(f"progress_every must be >= 0 (0 = one batch, silent), got {self.progress_every}")
         bad = [j for j in self.pass_at if not 1 <= j <= self.samples]
         if bad:
             raise ValueError(f"pass_at values must be in [1, samples={self.samples}], got {bad}")

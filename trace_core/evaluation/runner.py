@@ -138,7 +138,8 @@ def roll_out(benchmarks: Sequence[Benchmark], engine: RolloutEngine, tokenizer: 
             passes.append((out.greedy, GREEDY_GROUP, greedy_agent, GreedyOnce(engine), "greedy"))
         for trees_of, m, agent, target, label in passes:
             agent = dataclasses.replace(agent, seed=config.seed)
-            trees, stats = run_rollouts(target, tokenizer, factory, tasks, m, agent, config.tool_workers, config.seed)
+            trees, stats = _rollouts_with_progress(target, tokenizer, factory, tasks, m, agent, config,
+                                                   f"{config.name or 'evaluate'} {family}/{label}")
             if isinstance(target, GreedyOnce):
                 stats.update(decoded_requests=target.decoded, reused_requests=target.reused)
             out.stats[f"{family}/{label}"] = stats
@@ -270,6 +271,31 @@ def _recording(factory: EnvFactory, sink: Verdicts) -> EnvFactory:
 
 
 # ----------------------------------------------------------------------------------------- rollouts
+def _rollouts_with_progress(
+    engine: RolloutEngine, tokenizer: Any, factory: EnvFactory, tasks: Sequence[Task], m: int,
+    agent: AgentConfig, config: EvalConfig, label: str,
+) -> tuple[list[RolloutTree | None], dict[str, float]]:
+    """:func:`run_rollouts` in chunks of ``config.progress_every`` examples, with a ``progress:``
+    line after each (examples done, seconds, an estimate of what is left). Every request's sampling
+    seed comes from the agent's seed, the task and the trajectory, never from the batch it is in,
+    so the chunks give the same rollouts as one run."""
+    chunk = config.progress_every or len(tasks) or 1
+    trees: list[RolloutTree | None] = []
+    stats: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for start in range(0, len(tasks), chunk):
+        part, part_stats = run_rollouts(engine, tokenizer, factory, tasks[start:start + chunk], m, agent,
+                                        config.tool_workers, config.seed)
+        trees += part
+        for key, value in part_stats.items():
+            stats[key] = stats.get(key, 0.0) + value
+        done, elapsed = len(trees), time.perf_counter() - t0
+        if config.progress_every and len(tasks) > chunk:
+            print(f"progress: {label}: {done}/{len(tasks)} examples, {elapsed:.0f} s, "
+                  f"~{elapsed / done * (len(tasks) - done):.0f} s left", flush=True)
+    return trees, stats
+
+
 def run_rollouts(
     engine: RolloutEngine, tokenizer: Any, factory: EnvFactory, tasks: Sequence[Task], m: int,
     agent: AgentConfig, tool_workers: int = 4, seed: int = 0,
