@@ -26,15 +26,18 @@ class PhaseProfiler:
         self.step: dict[str, float] = defaultdict(float)
         self.total: dict[str, float] = defaultdict(float)
         self.steps = 0
+        self.current: str | None = None  # the phase running now (read by the progress heartbeat)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         if name not in PHASES:
             raise ValueError(f"unknown phase {name!r}; phases: {', '.join(PHASES)}")
         t = time.perf_counter()
+        outer, self.current = self.current, name
         try:
             yield
         finally:
+            self.current = outer
             self.add(name, time.perf_counter() - t)
 
     def add(self, name: str, seconds: float) -> None:
