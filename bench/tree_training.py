@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     import platform
 
     report = {
-        "command": "python bench/tree_training.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python", "bench/tree_training.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
                     "threads": 1},
         "tree_shape": asdict(shape), "model": asdict(spec), "budget_gib": args.budget_gib,

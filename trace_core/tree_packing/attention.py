@@ -259,9 +259,9 @@ class _TreeAttention(torch.autograd.Function):
                 vg = _gather(vc, grp.key_index).detach().requires_grad_(True)
                 with torch.enable_grad():
                     og = _attend(qg, kg, vg, grp, ctx.scale)
-                go = og.new_zeros(og.shape[0], og.shape[2], og.shape[1], og.shape[3])
-                go[grp.query_valid] = grad_out.index_select(0, grp.query_flat).to(og.dtype)
-                gq, gk, gv = torch.autograd.grad(og, (qg, kg, vg), go.transpose(1, 2))
+                go = torch.zeros_like(og)  # og's own layout: the kernels' backward wants it
+                go.transpose(1, 2)[grp.query_valid] = grad_out.index_select(0, grp.query_flat).to(og.dtype)
+                gq, gk, gv = torch.autograd.grad(og, (qg, kg, vg), go)
                 # padding queries carry no output gradient, so their rows (and keys only they see) add 0
                 dq.index_add_(0, grp.query_index.reshape(-1), gq.transpose(1, 2).reshape(-1, *q.shape[1:]).float())
                 dk.index_add_(0, grp.key_index.reshape(-1), gk.transpose(1, 2).reshape(-1, *k.shape[1:]).float())
