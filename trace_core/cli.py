@@ -2,6 +2,9 @@
 
     trace-rl train --config configs/embedded.yaml method=grpo steps=3
     trace-rl show-config --config configs/embedded.yaml
+    trace-rl deliver runs/trace/spool
+
+Nothing heavy is imported before the arguments are parsed: ``--help`` answers at once.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--config", help="YAML file with TrainConfig fields (defaults otherwise)")
         p.add_argument("overrides", nargs="*", help="key=value overrides, applied after the file")
+    _add_deliver(sub)
     args = parser.parse_args(argv)
+    if args.command == "deliver":
+        return _deliver(args)
 
     from trace_core.config import ConfigError, dump_yaml, load_config
     from trace_core.training.config import TrainConfig
@@ -45,6 +51,60 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trace-rl: {err}", file=sys.stderr)
         return 2
     print(json.dumps({k: summary[k] for k in ("method", "steps", "run_id", "wall_s")}, default=str))
+    return 0
+
+
+DELIVER_HELP = "deliver a run's spooled tracking records to its tracking store and set its final status"
+DELIVER_DESCRIPTION = """\
+Deliver a run's spooled tracking records to its tracking store and set its final status.
+
+A tracker writes every record to its spool (tracking.spool_dir; a training run's is
+<output_dir>/spool) before it sends it, and keeps it there until the store confirms it. When the
+store was down as the run ended, the records and the run's final status (FINISHED, FAILED or
+KILLED) wait in the spool, and the store shows the run as RUNNING. This command sends them, in
+order, to the store the spool names (creating the run if it never was), then sets the final
+status. Sending twice is harmless: the store drops exact duplicates.
+
+Exit status: 0 when everything is delivered, 1 when records are still spooled (the store is still
+failing: run it again later), 2 when the spool or the options are invalid."""
+DELIVER_EPILOG = """\
+example:
+  trace-rl deliver runs/trace/spool --wait 60
+  trace-rl deliver runs/trace/spool --tracking-uri http://mlflow:5000 --status KILLED"""
+
+
+def _add_deliver(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("deliver", help=DELIVER_HELP, description=DELIVER_DESCRIPTION, epilog=DELIVER_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spool_dir", help="the run's spool folder (tracking.spool_dir)")
+    p.add_argument("--tracking-uri", metavar="URI",
+                   help="deliver to this store instead of the one the spool was written for (and remember it)")
+    p.add_argument("--status", choices=("FINISHED", "FAILED", "KILLED"),
+                   help="end the run with this status instead of the spooled one (a run whose process was "
+                        "killed with SIGKILL has none, and stays RUNNING without this)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="keep retrying a store that fails for this long (default: try once)")
+
+
+def _deliver(args: argparse.Namespace) -> int:
+    from trace_core.tracking import TrackingStoreError, deliver
+
+    try:
+        report = deliver(args.spool_dir, tracking_uri=args.tracking_uri, status=args.status, wait_s=args.wait)
+    except (ValueError, TrackingStoreError) as err:
+        print(f"trace-rl deliver: {err}", file=sys.stderr)
+        return 2
+    run = report.run_id or "(not created yet)"
+    print(f"delivered {report.delivered} records of run {run} to {report.tracking_uri}; "
+          f"{report.pending} still spooled, {report.rejected} values refused as invalid in all; "
+          f"spooled status: {report.status or 'none'}")
+    if report.pending:
+        print(f"trace-rl deliver: {report.pending} records are still in {report.spool_dir}: {report.error}",
+              file=sys.stderr)
+        return 1
+    if report.status not in ("FINISHED", "FAILED", "KILLED"):
+        print("trace-rl deliver: the run was never closed, so it stays RUNNING; pass --status to end it",
+              file=sys.stderr)
     return 0
 
 

@@ -40,7 +40,7 @@ from trace_core.rollout.agent import render_prompt
 from trace_core.rollout.env import FixedTurnsEnvironment, Task
 from trace_core.rollout.executor import TreeRolloutExecutor
 from trace_core.seeding import derive_seed
-from trace_core.tracking import MLflowTracker, Tracker
+from trace_core.tracking import MLflowTracker, Tracker, tracked_run
 from trace_core.training.config import TrainConfig
 from trace_core.training.policy import PolicyOptimizer
 from trace_core.training.profiler import PhaseProfiler
@@ -332,6 +332,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, Any]:
+        """Run (or resume) to ``cfg.steps``. The tracked run is RUNNING meanwhile and ends FAILED on an
+        exception (re-raised), KILLED on SIGTERM/SIGINT (:func:`~trace_core.tracking.tracked_run`)."""
+        with tracked_run(self.tracker):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
