@@ -21,6 +21,7 @@ from trace_core.predictor import (
 )
 from trace_core.predictor.examples import num_prefix_examples
 from trace_core.predictor.scoring import pack_logits
+from trace_core.seeding import derive_seed
 from trace_core.tree import ROOT, RolloutTree
 
 VOCAB = 97
@@ -336,3 +337,77 @@ def test_explore_roots_keeps_the_budget() -> None:
     assert full.sum() == m.sum() and (full[m == 0] == 2).all()
     with pytest.raises(ValueError, match="fraction"):
         explore_roots(m, v, 1.5, rng)
+
+
+# ---------------------------------------------------------------------------- prefix floor, random anchor
+def test_min_prefix_examples_is_a_floor_capped_by_the_candidates() -> None:
+    rng_a, rng_b = np.random.default_rng(3), np.random.default_rng(3)
+    assert num_prefix_examples(10, 100, 0.06, rng_a, minimum=16) == 16  # the share alone gives ~0.6
+    assert num_prefix_examples(10, 100, 0.06, rng_b) <= 1
+    assert rng_a.random() == rng_b.random()  # the floor draws nothing: the stream is the same
+    assert num_prefix_examples(10, 5, 0.06, rng_a, minimum=16) == 5  # capped by the candidates
+    assert num_prefix_examples(1000, 10_000, 0.06, rng_a, minimum=16) in (63, 64)  # the share rules above it
+    with pytest.raises(ValueError, match="minimum"):
+        num_prefix_examples(10, 100, 0.06, rng_a, minimum=-1)
+    with pytest.raises(ValueError, match="min_prefix_examples"):
+        tiny_config(min_prefix_examples=-1)
+    assert PredictorConfig().min_prefix_examples == 16  # on by default
+
+    trees = [random_tree(s, allow_empty=False, n_cont=4) for s in range(6)]
+    candidates = len(supervised_set(trees).prefixes)
+    assert candidates > 8
+    floor = SuccessPredictor(tiny_config(prefix_share=0.06, min_prefix_examples=8)).update(trees)
+    assert floor["n_prefixes"] == 8 and floor["n_roots"] == 6
+    share_only = SuccessPredictor(tiny_config(prefix_share=0.06, min_prefix_examples=0)).update(trees)
+    assert share_only["n_prefixes"] <= 1
+    fit = SuccessPredictor(tiny_config(prefix_share=0.06, min_prefix_examples=8)).fit(trees, 1)
+    assert fit["n_prefixes"] == 8  # the warm-up fit honours it too
+
+
+def test_random_anchor_diagnostic_scores_one_internal_node_per_bare_rollout() -> None:
+    from trace_core.metrics import spearman
+    from trace_core.predictor.diagnostics import random_anchor_nodes
+
+    trees = [random_tree(s, allow_empty=False, n_bare=4, n_cont=3) for s in range(8)]
+    short = RolloutTree("one-turn", prompt_token_ids=[1, 2])  # bare rollouts without an internal node
+    for reward in (0.0, 1.0):
+        t = short.start_trajectory("bare")
+        short.add_turn(t, [3], [1])
+        short.finish(t, reward)
+    trees.append(short)
+    eligible = sum(1 for t in trees for b in t.bare_trajectories() if len(b.nodes) >= 2)
+    assert eligible == 8 * 4
+
+    chosen = random_anchor_nodes(trees, np.random.default_rng(0))
+    for tree, nodes in zip(trees, chosen, strict=True):
+        bare = [b for b in tree.bare_trajectories() if len(b.nodes) >= 2]
+        assert len(nodes) == len(bare)
+        for b, n in zip(bare, nodes.tolist(), strict=True):  # one per bare rollout, on its own path
+            assert n in b.nodes[:-1] and tree.nodes[n].kind == "bare"
+
+    predictor = SuccessPredictor(tiny_config(learning_rate=1e-2))
+    before = predictor.score_trees(trees)
+    stats = predictor.update(trees)
+    assert stats["prefix_random_anchors"] == eligible
+    # the same anchors, scored before the update, against the rollouts' rewards
+    anchors = random_anchor_nodes(trees, np.random.default_rng(
+        derive_seed(predictor.config.seed, "random_anchor", 0)))
+    pred = [before[i][n] for i, a in enumerate(anchors) for n in a.tolist()]
+    reward = [trees[i].trajectory_reward(trees[i].nodes[n].trajectory) for i, a in enumerate(anchors)
+              for n in a.tolist()]
+    assert len(pred) == eligible
+    assert stats["prefix_spearman_random_anchor"] == pytest.approx(spearman(pred, reward), abs=1e-6)
+    # the expanded-anchor figure keeps its old name beside its new one
+    assert stats["prefix_spearman_expanded_anchors"] == stats["oos_spearman_prefix"]
+    after = predictor.score_trees(trees)
+    moved = [after[i][n] for i, a in enumerate(anchors) for n in a.tolist()]
+    assert not np.allclose(moved, pred)  # so it was measured before the update changed them
+
+
+def test_predictor_state_from_before_a_config_field_still_loads() -> None:
+    config = tiny_config()
+    state = SuccessPredictor(config).state_dict()
+    del state["config"]["min_prefix_examples"]  # a state saved before the field existed
+    SuccessPredictor(config).load_state_dict(state)  # the default is assumed
+    with pytest.raises(ValueError, match="min_prefix_examples"):
+        SuccessPredictor(tiny_config(min_prefix_examples=3)).load_state_dict(state)

@@ -15,10 +15,14 @@ probability. Continuations start from chosen prefixes and are not.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+HISTORY_FORMAT = "trace-rl/prompt-history/v1"
 
 
 # ============================================================================ the record
@@ -148,6 +152,39 @@ class PromptHistory:
                 fail[row, col] = ev.failures
                 pred[row, col] = ev.prediction
         return HistoryView(int(step), event_step, succ, fail, pred)
+
+    # ------------------------------------------------------------------ persistence
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able record of every kept event (a trainer's checkpoint holds it). Prompt ids
+        must be strings or integers; they come back as they went in."""
+        prompts = []
+        for pid, events in self._events.items():
+            if isinstance(pid, bool) or not isinstance(pid, str | int | np.integer):
+                raise ValueError(f"prompt id {pid!r} is a {type(pid).__name__}: only str and int ids can be saved")
+            prompts.append([pid if isinstance(pid, str) else int(pid),
+                            [[e.step, e.successes, e.failures, e.prediction] for e in events]])
+        return {"format": HISTORY_FORMAT, "max_events": self.max_events, "prompts": prompts}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PromptHistory:
+        """The history :meth:`to_dict` described: the same events, in the same order."""
+        if data.get("format") != HISTORY_FORMAT:
+            raise ValueError(f"not a prompt history (format={data.get('format')!r})")
+        history = cls(int(data["max_events"]))
+        for pid, events in data["prompts"]:
+            history._events[pid] = [RootOutcome(int(s), int(w), int(f), float(p)) for s, w, f, p in events]
+        return history
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> PromptHistory:
+        return cls.from_dict(json.loads(text))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, PromptHistory) and self.max_events == other.max_events
+                and self._events == other._events)
 
 
 # ============================================================================ GRESO's filter

@@ -45,6 +45,10 @@ class PredictorConfig:
     grad_clip: float = 1.0  # max global L2 norm of the gradient (clip_grad_norm_)
     min_leaves: int = 2  # SPEC §5's S: internal nodes with >= this many leaves below are supervised prefixes
     prefix_share: float = 0.06  # expected share of prefix examples among a step's examples (paper: 6%)
+    # Floor on prefix examples per update (capped by the informative prefixes there are). A scale
+    # adaptation: the paper's 6% of ~1,000 roots a step is ~60 prefix examples; at our tens of
+    # roots the share alone gives under one, and the prefix head would never be trained.
+    min_prefix_examples: int = 16
     batch_size: int = 64  # supervised examples (roots + prefixes) per optimizer step
     epochs_per_update: int = 1  # passes over one step's examples per update() call
     rollback_nonfinite_weights: bool = True  # snapshot before each step; undo non-finite weights
@@ -87,6 +91,8 @@ class PredictorConfig:
             raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
+        if int(self.min_prefix_examples) < 0:
+            raise ValueError(f"min_prefix_examples must be >= 0, got {self.min_prefix_examples}")
         if not 0 <= self.prefix_share < 1:
             raise ValueError(f"prefix_share must lie in [0, 1) (a share), got {self.prefix_share}")
         if not 0 <= self.explore_fraction <= 1:

@@ -3,7 +3,9 @@
 ``S`` = each tree's prompt root plus its *informative* prefixes: non-root, non-terminal nodes
 with at least ``min_leaves`` (default 2) leaves below. Targets are the tree-backed means ``V̂``
 (:meth:`RolloutTree.tree_values`). Prefixes are sub-sampled so that they make up about
-``prefix_share`` of a step's examples (the paper: 6% of a predictor batch).
+``prefix_share`` of a step's examples (the paper: 6% of a predictor batch), with a floor of
+``minimum`` prefixes a step (``PredictorConfig.min_prefix_examples``, a scale adaptation: the
+paper's share of ~1,000 roots is ~60 prefixes a step; of our tens of roots it is under one).
 """
 
 from __future__ import annotations
@@ -58,25 +60,30 @@ def supervised_set(trees: Sequence[RolloutTree], min_leaves: int = 2) -> Supervi
 
 
 def num_prefix_examples(
-    num_roots: int, num_candidates: int, prefix_share: float, rng: np.random.Generator
+    num_roots: int, num_candidates: int, prefix_share: float, rng: np.random.Generator, minimum: int = 0
 ) -> int:
     """How many prefixes to draw so that they are ``prefix_share`` of the examples in expectation:
-    ``share / (1 − share) · num_roots``, rounded stochastically, capped by the candidates."""
+    ``share / (1 − share) · num_roots``, rounded stochastically, raised to ``minimum``, capped by
+    the candidates. The rounding draw is taken whatever the floor does, so the generator's stream
+    does not depend on ``minimum``."""
     if not 0 <= prefix_share < 1:
         raise ValueError(f"prefix_share must lie in [0, 1), got {prefix_share}")
     if num_roots < 0 or num_candidates < 0:
         raise ValueError("num_roots and num_candidates must be >= 0")
+    if minimum < 0:
+        raise ValueError(f"minimum must be >= 0, got {minimum}")
     expected = prefix_share / (1.0 - prefix_share) * num_roots
     whole = int(np.floor(expected))
     n = whole + int(rng.random() < expected - whole)
-    return min(n, num_candidates)
+    return min(max(n, int(minimum)), num_candidates)
 
 
 def sample_examples(
-    candidates: SupervisedSet, prefix_share: float, rng: np.random.Generator
+    candidates: SupervisedSet, prefix_share: float, rng: np.random.Generator, minimum: int = 0
 ) -> tuple[list[Example], int]:
-    """All roots plus a uniform sample (without replacement) of prefixes; returns the examples
+    """All roots plus a uniform sample (without replacement) of prefixes — ``prefix_share`` of the
+    examples, at least ``minimum`` while there are that many candidates; returns the examples
     (roots first, prefixes in candidate order) and the number of prefixes drawn."""
-    n = num_prefix_examples(len(candidates.roots), len(candidates.prefixes), prefix_share, rng)
+    n = num_prefix_examples(len(candidates.roots), len(candidates.prefixes), prefix_share, rng, minimum)
     chosen = np.sort(rng.choice(len(candidates.prefixes), size=n, replace=False)) if n else np.zeros(0, int)
     return list(candidates.roots) + [candidates.prefixes[j] for j in chosen.tolist()], n

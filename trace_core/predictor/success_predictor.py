@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from trace_core.predictor.config import PredictorConfig
-from trace_core.predictor.diagnostics import StepDiagnostics, step_diagnostics
+from trace_core.predictor.diagnostics import StepDiagnostics, random_anchor_nodes, step_diagnostics
 from trace_core.predictor.examples import Example, sample_examples, supervised_set
 from trace_core.predictor.model import PrefixValueModel, build_backbone
 from trace_core.predictor.packing import (
@@ -40,6 +40,7 @@ from trace_core.predictor.packing import (
     tree_tokens,
 )
 from trace_core.predictor.scoring import pack_logits, score_token_trees
+from trace_core.seeding import derive_seed
 from trace_core.tree import ROOT, RolloutTree
 
 STATE_FORMAT = "trace-rl/success-predictor/v1"
@@ -121,23 +122,32 @@ class SuccessPredictor:
         ``n_prefixes`` (prefix examples drawn), ``n_prefix_candidates``, ``optimizer_steps``,
         ``skipped`` (steps refused by the guard), ``grad_norm`` (of the last step taken), and,
         with ``config.diagnostics``, the out-of-sample ``oos_*`` / ``ece_*`` figures computed on
-        predictions made before this update changed any weight."""
+        predictions made before this update changed any weight, and the two prefix Spearman
+        figures (:mod:`.diagnostics`): ``prefix_spearman_expanded_anchors`` and the unbiased
+        ``prefix_spearman_random_anchor`` over ``prefix_random_anchors`` bare rollouts (one
+        random internal node of each, scored with the others before the update)."""
         trees = list(trees)
         candidates = supervised_set(trees, self.config.min_leaves)
         stats: dict[str, float] = {}
         if self.config.diagnostics:
+            # Its own generator, keyed by the update: the draw leaves the example stream alone.
+            anchors = random_anchor_nodes(trees, np.random.default_rng(
+                derive_seed(self.config.seed, "random_anchor", self.updates)))
             nodes: list[list[int]] = [[] for _ in trees]
             for ex in candidates.roots + candidates.prefixes:
                 nodes[ex.tree].append(ex.node)
+            for i, a in enumerate(anchors):
+                nodes[i] = sorted(set(nodes[i]) | set(a.tolist()))
             if predictions is None:
                 predictions = self.score_trees(trees, nodes)
             else:
                 predictions = self._complete_predictions(trees, predictions, nodes)
             self.last_diagnostics = step_diagnostics(
-                trees, predictions, self.config.min_leaves, self.config.calibration_bins
+                trees, predictions, self.config.min_leaves, self.config.calibration_bins, random_anchors=anchors
             )
             stats.update(self.last_diagnostics.as_dict())
-        examples, n_prefixes = sample_examples(candidates, self.config.prefix_share, self.rng)
+        examples, n_prefixes = sample_examples(candidates, self.config.prefix_share, self.rng,
+                                               self.config.min_prefix_examples)
         stats.update(self.fit_examples(trees, examples))
         stats.update(n_roots=float(len(candidates.roots)), n_prefixes=float(n_prefixes),
                      n_prefix_candidates=float(len(candidates.prefixes)))
@@ -154,7 +164,8 @@ class SuccessPredictor:
         stats: dict[str, float] = {}
         first = float("nan")
         for i in range(updates):
-            examples, n_prefixes = sample_examples(candidates, self.config.prefix_share, self.rng)
+            examples, n_prefixes = sample_examples(candidates, self.config.prefix_share, self.rng,
+                                                   self.config.min_prefix_examples)
             stats = self.fit_examples(trees, examples)
             stats.update(n_roots=float(len(candidates.roots)), n_prefixes=float(n_prefixes))
             if i == 0:
@@ -282,7 +293,8 @@ class SuccessPredictor:
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"not a success-predictor state (format={state.get('format')!r})")
         mine = asdict(self.config)
-        theirs = dict(state["config"])
+        # A field the saved config predates counts as its default (older states stay loadable).
+        theirs = {**asdict(PredictorConfig()), **dict(state["config"])}
         theirs["adam_betas"] = tuple(theirs["adam_betas"])
         arch = [k for k in mine if k not in ("device",) and mine[k] != theirs.get(k)]
         if arch:
