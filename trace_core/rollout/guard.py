@@ -99,8 +99,12 @@ class GuardedEngine:
         self._call("load_weights", self.inner.load_weights, weights)
 
     def close(self) -> None:
-        self._stop.set()
+        self.stop_watchdog()
         self.inner.close()
+
+    def stop_watchdog(self) -> None:
+        """Stop timing polls (the engine itself stays usable, unguarded against hangs)."""
+        self._stop.set()
 
     def __getattr__(self, name: str):  # engine-specific extras (stats, config) pass through
         return getattr(self.inner, name)

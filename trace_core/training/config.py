@@ -79,6 +79,7 @@ class EngineSettings:
     kv_cache_mb: int = 256  # KV-cache size on CPU (ignored on GPU: gpu_memory_utilization)
     gpu_memory_utilization: float = 0.4  # GPU share for vLLM when it shares the GPUs with training
     multiprocess: bool = False  # engine core in its own process (vLLM's serving layout)
+    poll_timeout_s: float = 600.0  # one engine step longer than this counts as a hung engine (0 = no watchdog)
 
 
 @dataclass

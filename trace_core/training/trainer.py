@@ -26,7 +26,9 @@ import torch
 from trace_core.advantages import get_advantage_estimator
 from trace_core.allocation import get_method
 from trace_core.config import flatten
+from trace_core.history import PromptHistory
 from trace_core.metrics import (
+    AllocationStats,
     allocation_stats,
     anchor_allocation,
     contrast_counts,
@@ -38,13 +40,15 @@ from trace_core.metrics import (
 )
 from trace_core.rollout.agent import render_prompt
 from trace_core.rollout.env import FixedTurnsEnvironment, Task
-from trace_core.rollout.executor import TreeRolloutExecutor
+from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor
+from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
 from trace_core.seeding import derive_seed
 from trace_core.tracking import MLflowTracker, Tracker, tracked_run
 from trace_core.training.config import TrainConfig
+from trace_core.training.heartbeat import Heartbeat
 from trace_core.training.policy import PolicyOptimizer
 from trace_core.training.profiler import PhaseProfiler
-from trace_core.tree import save_trees
+from trace_core.tree import RolloutTree, save_trees
 
 STATE_FILE = "trainer_state.json"
 
@@ -100,6 +104,9 @@ class TrainerState:
     # pool success measured so far: {"step": s (after s updates), "success", "rollouts", "generated_tokens"}
     pool_success: list[dict[str, float]] = field(default_factory=list)
     warmup: dict[str, float] | None = None  # the predictor warm-up's figures, once it ran
+    # every prompt's bare root outcomes so far, with the predictions used (PromptHistory.to_dict):
+    # read by the history rules (GRESO, the posterior roots), kept for every method
+    root_outcomes: dict[str, Any] | None = None
 
 
 class Trainer:
@@ -127,6 +134,7 @@ class Trainer:
             raise ValueError(f"policy_model {cfg.policy_model} is not a local model directory")
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.policy_model)
         self.state = TrainerState(history={})
+        self.prompt_history = PromptHistory()
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.profiler = PhaseProfiler()
@@ -134,8 +142,13 @@ class Trainer:
         latest = self._latest_checkpoint()
         if latest is not None:
             self._load_trainer_state(latest)
-        # Engine first: an in-process vLLM creates the process group DeepSpeed then joins.
-        self.engine = engine if engine is not None else self._build_engine()
+        # The tracking store is checked (and the run created or resumed) before anything heavy is
+        # loaded: a store that cannot be written is an error before any model exists.
+        self.tracker = tracker if tracker is not None else self._build_tracker()
+        # Engine first: an in-process vLLM creates the process group DeepSpeed then joins. Guarded:
+        # a crash or a hang inside it becomes one EngineFault (trace_core.rollout.guard).
+        self.engine = GuardedEngine(engine if engine is not None else self._build_engine(),
+                                    EngineGuardConfig(poll_timeout_s=cfg.engine.poll_timeout_s))
         self.policy = PolicyOptimizer(cfg.policy_model, cfg.policy)
         if engine is not None:
             self.engine.load_weights(self.policy.full_state_dict())
@@ -146,7 +159,6 @@ class Trainer:
             self.policy.load_checkpoint(latest / "policy", tag="policy")
             self.predictor.load_state_dict(torch.load(latest / "predictor.pt", weights_only=False))
             self.engine.load_weights(self.policy.full_state_dict())
-        self.tracker = tracker if tracker is not None else self._build_tracker()
         self.executor = TreeRolloutExecutor(self.engine, self.tokenizer, self.env_factory, cfg.agent)
         self._prompt_ids: dict[str, list[int]] = {}
 
@@ -253,23 +265,26 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
-        cfg, prof = self.cfg, self.profiler
+        prof = self.profiler
+        step = self.state.step
         pool = self._next_pool()
         with prof.phase("predictor_scoring"):
             v = self.predictor.score_histories([self._prompt_tokens(t) for t in pool])
-        m = self.method.allocate_roots(v, self.spec, self.rng)
-        if cfg.predictor.explore_fraction > 0 and self.method.explores_roots:
-            from trace_core.predictor.explore import explore_roots
-
-            m = explore_roots(m, v, cfg.predictor.explore_fraction, self.rng, self.spec.max_per_prompt)
         root_pred = {t.id: float(v[i]) for i, t in enumerate(pool)}
+        if self.method.samples_in_rounds:  # the roots are chosen round by round, after each round's outcomes
+            with prof.phase("rollout"):
+                rounds = self.executor.run_in_rounds(pool, v, self.method, self.spec, self.rng,
+                                                     sampling_seed=self.sampling_seed(step))
+            result, m = rounds.result, rounds.m
+        else:
+            m = self._allocate_roots(pool, v, step)
 
-        def score_prefixes(tree, nodes):
-            return self.predictor.score_trees([tree], [list(nodes)])[0][list(nodes)]
+            def score_prefixes(tree, nodes):
+                return self.predictor.score_trees([tree], [list(nodes)])[0][list(nodes)]
 
-        with prof.phase("rollout"):
-            result = self.executor.run(pool, m.tolist(), self.method, self.spec.expansion_N, score_prefixes,
-                                       self.rng, sampling_seed=self.sampling_seed(self.state.step))
+            with prof.phase("rollout"):
+                result = self.executor.run(pool, m.tolist(), self.method, self.spec.expansion_N, score_prefixes,
+                                           self.rng, sampling_seed=self.sampling_seed(step))
         # Wall-time attribution: the executor's loop is either in the engine, in the prefix scorer,
         # or outside both (tool steps and restores, waiting for tool threads). stats.tool_s sums
         # the tool threads' own durations, which overlap each other and the engine, so it is no
@@ -277,7 +292,14 @@ class Trainer:
         stats = result.stats
         prof.move("rollout", "tool_execution", max(0.0, stats.wall_s - stats.rollout_s - stats.scoring_s))
         prof.move("rollout", "predictor_scoring", stats.scoring_s)
+        # Every sampled tree (a round rule's dropped groups included) was paid for and is evidence
+        # for the predictor and the history; the policy trains on the kept ones only.
         trees = result.trees
+        kept = [bool(k) for k in result.kept]
+        trained = [t for t, k in zip(trees, kept, strict=True) if k]
+        for tree, k in zip(trees, kept, strict=True):
+            if not k:
+                tree.root.info["group_filter"] = "dropped"  # the logged trees say which were not trained on
         # Predictions made before the update (roots: stage 1; anchors: stage 2) for honest Spearman.
         predictions = []
         for tree in trees:
@@ -289,30 +311,82 @@ class Trainer:
             predictions.append(p)
         with prof.phase("predictor_update"):
             pstats = self.predictor.update(trees, predictions)
-        advantages = self.estimator(trees)
-        with prof.phase("policy_optimisation"):
-            ostats = self.policy.update(trees, advantages)
-        with prof.phase("weight_sync"):
-            self.engine.load_weights(self.policy.full_state_dict())
+        advantages = self.estimator(trained)
+        ostats: dict[str, float] = {}
+        if trained:  # a group filter can leave nothing to train on
+            with prof.phase("policy_optimisation"):
+                ostats = self.policy.update(trained, advantages)
+            with prof.phase("weight_sync"):
+                self.engine.load_weights(self.policy.full_state_dict())
 
         k, pos = anchor_allocation(trees)
         alloc = allocation_stats(m, k, pos, trees)
+        metrics = self._step_metrics(trees, kept, advantages, alloc, result)
+        metrics.update({f"predictor/{k2}": float(v2) for k2, v2 in pstats.items()})
+        metrics.update({f"policy/{k2}": float(v2) for k2, v2 in ostats.items()})
+        allocation = {"pool": [t.id for t in pool], "v": [float(x) for x in v], "m": [int(x) for x in m],
+                      "k_by_position": [int(x) for x in alloc.k_by_position],
+                      "dropped": [t.prompt_id for t, kk in zip(trees, kept, strict=True) if not kk],
+                      "rounds": int(result.rounds)}
+        self._record_root_outcomes(step, trees, root_pred)
+        return {"_trees": trees, "_m": m, "_allocation": allocation, **metrics}  # type: ignore[dict-item]
+
+    def _allocate_roots(self, pool: list[Task], v: np.ndarray, step: int) -> np.ndarray:
+        """The step's bare rollouts per candidate: the method's root rule, reading the candidates'
+        history when it is a history rule, then ``explore_fraction`` where the method explores."""
+        view = self.prompt_history.view([t.id for t in pool], step) if self.method.reads_history else None
+        m = self.method.allocate_roots(v, self.spec, self.rng, history=view)
+        if self.cfg.predictor.explore_fraction > 0 and self.method.explores_roots:
+            from trace_core.predictor.explore import explore_roots
+
+            m = explore_roots(m, v, self.cfg.predictor.explore_fraction, self.rng, self.spec.max_per_prompt)
+        return m
+
+    def _record_root_outcomes(self, step: int, trees: Sequence[RolloutTree], root_pred: dict[str, float]) -> None:
+        """Each sampled prompt's bare root outcomes of ``step`` and the root prediction the allocator
+        used, into the run's :class:`PromptHistory` (and its JSON form in the state, so that the
+        next checkpoint holds it). Continuations are not recorded: they start where prediction and
+        outcome were expected to disagree, so they are no independent draw of the prompt."""
+        succ, fail = [], []
+        for tree in trees:
+            wins = int(sum(is_success(tree.trajectory_reward(b.id)) for b in tree.bare_trajectories()))
+            succ.append(wins)
+            fail.append(len(tree.bare_trajectories()) - wins)
+        ids = [t.prompt_id for t in trees]
+        self.prompt_history.record(step, ids, succ, fail, [root_pred[i] for i in ids])
+        self.state.root_outcomes = self.prompt_history.to_dict()
+
+    def _step_metrics(self, trees: list[RolloutTree], kept: list[bool], advantages: Sequence[np.ndarray],
+                      alloc: AllocationStats, result: RolloutResult) -> dict[str, float]:
+        """SPEC §7's figures of one step, over **every rollout spent**: a round rule's dropped groups
+        count in the effective ratio, the rollouts and the budget (they were paid for), and the
+        price of a mixed group divides every rollout spent by the mixed groups the policy trains
+        on. ``advantages`` are the kept trees' (a dropped tree yields no signal)."""
+        adv = iter(advantages)
+        all_adv = [next(adv) if k else np.zeros(len(t.nodes)) for t, k in zip(trees, kept, strict=True)]
         rs_all, rs_bare = reward_stats(trees, "all"), reward_stats(trees, "bare")
         counts = contrast_counts(trees)
+        trained = contrast_counts([t for t, kk in zip(trees, kept, strict=True) if kk])
+        dropped = [t for t, kk in zip(trees, kept, strict=True) if not kk]
+        spent = counts.trajectories
         metrics = {
             "effective_ratio": effective_ratio(trees),
             "prefix_effective_ratio": prefix_effective_ratio(trees),
-            "contrastive_yield": contrastive_yield(trees, advantages),
-            "mixed_groups_per_100_rollouts": counts.mixed_per_100_rollouts,
-            "rollouts_per_mixed_group": counts.rollouts_per_mixed_group,
+            "contrastive_yield": contrastive_yield(trees, all_adv),
+            "mixed_groups_per_100_rollouts": 100.0 * trained.mixed / spent if spent else float("nan"),
+            "rollouts_per_mixed_group": spent / trained.mixed if trained.mixed else float("nan"),
             "counts/activated": float(counts.activated),
             "counts/mixed_groups": float(counts.mixed),
+            "counts/mixed_groups_trained": float(trained.mixed),
+            "counts/dropped_groups": float(len(dropped)),
+            "counts/dropped_rollouts": float(sum(len(t.outcomes()) for t in dropped)),
             "counts/expanded_anchors": float(counts.expanded_anchors),
             "counts/mixed_anchors": float(counts.mixed_anchors),
-            "counts/rollouts": float(counts.trajectories),
+            "counts/rollouts": float(spent),
             "alloc/skipped_share": alloc.skipped_share,
             "alloc/mean_m_selected": alloc.mean_m_selected,
             "alloc/mean_rollouts_selected": alloc.mean_rollouts_selected,
+            "alloc/rounds": float(result.rounds),
             "budget/trajectories": float(result.stats.trajectories),
             "budget/generated_tokens": float(result.stats.generated_tokens),
             "budget/cached_prompt_tokens": float(result.stats.cached_prompt_tokens),
@@ -321,21 +395,31 @@ class Trainer:
             "reward/response_tokens": rs_all.mean_response_tokens,
             "reward/turns": rs_all.mean_turns,
             "reward/tool_error_rate": rs_all.tool_error_rate,
-            **{f"predictor/{k2}": float(v2) for k2, v2 in pstats.items()},
-            **{f"policy/{k2}": float(v2) for k2, v2 in ostats.items()},
+            "history/prompts": float(len(self.prompt_history)),
         }
         for b, kk in enumerate(alloc.k_by_position):
             metrics[f"alloc/k_position_bin{b}"] = float(kk)
-        allocation = {"pool": [t.id for t in pool], "v": [float(x) for x in v], "m": [int(x) for x in m],
-                      "k_by_position": [int(x) for x in alloc.k_by_position]}
-        return {"_trees": trees, "_m": m, "_allocation": allocation, **metrics}  # type: ignore[dict-item]
+        return metrics
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, Any]:
         """Run (or resume) to ``cfg.steps``. The tracked run is RUNNING meanwhile and ends FAILED on an
         exception (re-raised), KILLED on SIGTERM/SIGINT (:func:`~trace_core.tracking.tracked_run`)."""
         with tracked_run(self.tracker):
-            return self._run()
+            try:
+                return self._run()
+            except EngineFault as fault:
+                latest = self._latest_checkpoint()
+                where = (f"the last complete checkpoint is {latest.name}" if latest is not None
+                         else "no checkpoint was written yet")
+                raise EngineFault(f"step {self.state.step}: {fault}; the run stops ({where}): fix the engine "
+                                  "and rerun the same command to resume") from fault
+            finally:
+                self.engine.stop_watchdog()  # the engine may outlive this trainer (a caller's engine)
+
+    def _reached(self, boundary: str, step: int) -> None:
+        """Called at each phase boundary of a step (``trees_saved``, ``checkpointed``, ``logged``):
+        the seam where the kill-at-every-boundary test injects its hard exit. Does nothing."""
 
     def _run(self) -> dict[str, Any]:
         from tqdm.auto import tqdm
@@ -347,15 +431,26 @@ class Trainer:
         self._log_pending()
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.method}",
                    disable=not cfg.progress, unit="step")
+        self._activity = f"train {cfg.method}: starting"
+        # A progress line at least every 25 s naming what runs (a step's phase, the warm-up, a
+        # pool-success measurement), also when the bar is off (a pipeline step).
+        with Heartbeat(lambda: str(self._activity), interval_s=25.0) as beat:
+            self._beat = beat
+            return self._loop(start, bar, beat)
+
+    def _loop(self, start: int, bar: Any, beat: Heartbeat) -> dict[str, Any]:
+        cfg = self.cfg
         last: dict[str, float] = {}
         if (start == 0 and self.state.warmup is None and self.method.uses_predictor
                 and cfg.predictor_warmup.task_file):
+            self._activity = f"train {cfg.method}: predictor warm-up"
             w = self.warm_up_predictor()
-            print(f"progress: {cfg.method} predictor warm-up: {w['rollouts']:.0f} rollouts on "
-                  f"{w['questions']:.0f} questions, "
-                  f"loss {w['first_loss']:.3f} -> {w['last_loss']:.3f} in {w['wall_s']:.0f} s", flush=True)
+            beat.line(f"{cfg.method} predictor warm-up: {w['rollouts']:.0f} rollouts on {w['questions']:.0f} "
+                      f"questions, loss {w['first_loss']:.3f} -> {w['last_loss']:.3f} in {w['wall_s']:.0f} s")
         t_loop = time.perf_counter()
         for step in bar:
+            phase = self.profiler
+            self._activity = _StepActivity(f"train {cfg.method} step {step + 1}/{cfg.steps}", phase)
             if self._pool_success_due(step):
                 self.measure_pool_success(step)
             out = self.train_step()
@@ -376,21 +471,25 @@ class Trainer:
             alloc_file.write_text(json.dumps({"step": step, **allocation}))
             self.state.pending_files += [[f"trees/step{step:05d}.jsonl.gz", "trees"],
                                          [f"allocations/step{step:05d}.json", "allocations"]]
+            self._reached("trees_saved", step)
             if self._pool_success_due(self.state.step):  # after the last step, before its checkpoint
                 self.measure_pool_success(self.state.step)
             if self.state.step % cfg.checkpoint_every == 0 or self.state.step == cfg.steps:
                 with self.profiler.phase("checkpoint"):
                     self._save_checkpoint()
+                self._reached("checkpointed", step)
                 with self.profiler.phase("logging"):  # only what a checkpoint already holds
                     self._log_pending()
+                self._reached("logged", step)
             last = metrics
             bar.set_postfix(eff=f"{out['effective_ratio']:.2f}", reward=f"{out['reward/mean']:.2f}")
             if not cfg.progress:  # no bar (a pipeline step): one line per step
                 done = step + 1 - start
                 elapsed = time.perf_counter() - t_loop
-                print(f"progress: train {cfg.method} step {step + 1}/{cfg.steps}: effective ratio "
-                      f"{out['effective_ratio']:.2f}, reward {out['reward/mean']:.2f}, {elapsed:.0f} s, "
-                      f"~{elapsed / done * (cfg.steps - step - 1):.0f} s left", flush=True)
+                beat.line(f"train {cfg.method} step {step + 1}/{cfg.steps}: effective ratio "
+                          f"{out['effective_ratio']:.2f}, reward {out['reward/mean']:.2f}, {elapsed:.0f} s, "
+                          f"~{elapsed / done * (cfg.steps - step - 1):.0f} s left")
+        self._activity = f"train {cfg.method}: finishing (plots, policy save)"
         return self._finish(last)
 
     def _log_pending(self) -> None:
@@ -409,12 +508,13 @@ class Trainer:
             self.tracker.log_figure(fig, f"plots/{name}.png")
         table = self.profiler.table()
         (self.out / "cost_breakdown.txt").write_text(table + "\n")
+        self.tracker.log_artifact(self.out / "cost_breakdown.txt")
+        undelivered = self.tracker.close()  # records the store has not confirmed yet (it warns how to deliver)
         summary = {"method": self.cfg.method, "steps": self.state.step, "run_id": self.tracker.run_id,
                    "final": last, "cost_fractions": self.profiler.fractions(),
-                   "pool_success": self.state.pool_success, "warmup": self.state.warmup}
+                   "pool_success": self.state.pool_success, "warmup": self.state.warmup,
+                   "tracking_undelivered": int(undelivered or 0)}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
-        self.tracker.log_artifact(self.out / "cost_breakdown.txt")
-        self.tracker.close()
         self.policy.save_pretrained(self.out / "policy")
         self.tokenizer.save_pretrained(self.out / "policy")
         print(f"\nCost breakdown ({self.cfg.method}, {self.state.step} steps)\n{table}")
@@ -452,10 +552,25 @@ class Trainer:
     def _load_trainer_state(self, path: Path) -> None:
         data = json.loads((path / STATE_FILE).read_text())
         self.state = TrainerState(**data)
+        self.prompt_history = (PromptHistory() if self.state.root_outcomes is None
+                               else PromptHistory.from_dict(self.state.root_outcomes))
         with open(path / "rng.pkl", "rb") as f:
             rng = pickle.load(f)
         self.rng.bit_generator.state = rng["numpy"]
         torch.set_rng_state(rng["torch"])
+
+
+class _StepActivity:
+    """What a step is doing now, for the heartbeat: its label and the profiler's current phase."""
+
+    def __init__(self, label: str, profiler: PhaseProfiler) -> None:
+        self.label, self.profiler = label, profiler
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.profiler.current or 'between phases'}"
+
+    def __eq__(self, other: object) -> bool:
+        return str(self) == str(other)
 
 
 def step_sampling_seed(run_seed: int, agent_seed: int, step: int) -> int:

@@ -1,0 +1,63 @@
+"""Every entry point answers ``--help`` with what it does, its main options and an example, without
+loading the heavy stack first (torch, transformers, vLLM, DeepSpeed, MLflow, kfp): heavy imports
+come after argument parsing, which is what keeps ``--help`` fast."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "transformers", "vllm", "deepspeed", "mlflow", "kfp")
+
+# (how it is run, argv after the program): modules run as `python -m`, scripts by path.
+MODULES = [
+    ("trace_core.cli", []), ("trace_core.cli", ["train"]), ("trace_core.cli", ["show-config"]),
+    ("pipelines", []), *[("pipelines", [c]) for c in ("compile", "run", "submit", "schedule", "params", "stage",
+                                                      "ui")],
+    ("trace_core.warmstart", []), ("trace_core.evaluation", []), ("trace_core.retrieval", []),
+    ("trace_core.data.generate", []), ("trace_core.data.validation", []),
+]
+BENCH = sorted(p for p in (REPO / "bench").glob("*.py") if "__main__" in p.read_text())
+if (REPO / "trace_core" / "cli.py").read_text().count('"deliver"'):
+    MODULES.append(("trace_core.cli", ["deliver"]))
+
+PROBE = """
+import json, runpy, sys
+kind, target, argv, heavy = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+sys.argv = [target, *argv, "--help"]
+if kind == "script":
+    sys.path.insert(0, str(__import__("pathlib").Path(target).parent))
+try:
+    runpy.run_module(target, run_name="__main__", alter_sys=True) if kind == "module" else \\
+        runpy.run_path(target, run_name="__main__")
+except SystemExit as done:
+    code = done.code
+else:
+    code = None
+print("\\n@@" + json.dumps({"code": code, "heavy": [m for m in heavy if m in sys.modules]}))
+"""
+
+
+def _help(kind: str, target: str, argv: list[str]) -> tuple[str, dict]:
+    out = subprocess.run([sys.executable, "-c", PROBE, kind, target, json.dumps(argv), json.dumps(HEAVY)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    text, _, tail = out.stdout.rpartition("\n@@")
+    assert tail, f"{target} {argv} --help crashed:\n{out.stderr[-2000:]}"
+    return text, json.loads(tail)
+
+
+@pytest.mark.parametrize(("kind", "target", "argv"), [("module", m, a) for m, a in MODULES]
+                         + [("script", str(p), []) for p in BENCH],
+                         ids=[" ".join([m, *a]) for m, a in MODULES] + [f"bench/{p.name}" for p in BENCH])
+def test_help_says_what_it_does_with_an_example_before_any_heavy_import(kind, target, argv) -> None:
+    text, result = _help(kind, target, argv)
+    assert result["code"] in (0, None), f"--help exited {result['code']}"
+    assert "usage:" in text.lower(), text[:500]
+    assert "example" in text.lower(), f"no example in the help of {target} {argv}:\n{text[:1500]}"
+    assert not result["heavy"], f"--help of {target} {argv} imported {result['heavy']} before parsing"
