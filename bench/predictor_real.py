@@ -1,29 +1,38 @@
-"""Success predictor on real rollout trees (the second part of the predictor benchmark).
+"""Success estimates on the testbed's real rollouts: the learned predictor, the history alone, and
+the Beta posterior that combines them — replayed offline over a finished training run.
 
-``bench/predictor.py`` measures the predictor on simulator trees; this script measures it where
-it will live: TRACE training steps of a warm-started tiny policy on the embedded multi-hop QA
-tasks, through the real executor, retriever and trainer. The policy is frozen by default
-(``--policy-lr 0``): the predictor is then measured against a fixed target; with a learning rate
-it has to track a moving policy. Per step it records the predictor's out-of-sample Spearman
-between its predictions and the tree-backed targets at roots and at prefixes (predictions made
-before the update that trains on those nodes), the ECE, the loss, the mean reward and the
-predictor's share of the step's wall time (scoring + update).
+A ``bench/train_compare.py`` run directory holds everything a predictor saw and everything it
+should have predicted: the warm-up split's trees (``warmup_trees.jsonl.gz``), every step's trees
+(``trees/step*.jsonl.gz``), and the **pool success** of every pool prompt at a few steps
+(``pool_success/step*.json``: k samples per prompt at T = 1 from the policy of that step). This
+script replays the predictor over the run's steps — fitted on the warm-up trees, then updated on
+each step's trees in order — and, at each step where pool success was measured, scores all pool
+prompts with three estimates of their success probability:
 
-Reference, at roots: a per-prompt memory, the mean reward of the prompt's earlier trajectories
-(0.5 before any). The training prompts repeat every step here, so this lookup table is a strong,
-cheap baseline; the predictor has to read the question to match it, and is what generalises to
-prompts it has never seen.
+(a) **learned**: the predictor's score of the prompt (it reads the question; it scores any prompt);
+(b) **history**: the prompt's own earlier bare root outcomes, (S + 1)/(S + F + 2) — only for
+    prompts the run has rolled out before ("seen");
+(c) **posterior**: the Beta posterior of ``trace_core.history.beta_posterior`` — prior from (a)
+    as recorded when the oldest counted outcome was made, evidence the discounted bare outcomes.
 
-The policy must have mixed rewards on the training prompts, or every target is 0 and no rank
-correlation exists. ``--policy`` is a policy warm-started on the first ``--train-tasks`` QA
-training tasks until it reproduces their demonstrations:
+Against the measured pool success (k outcomes per prompt): out-of-sample Spearman, log-loss and
+Brier score per outcome, the bias (mean estimate − mean success; a predictor that chases its last
+batch shows here), separately on seen and unseen prompts; the coverage of (c)'s 80% predictive
+interval for the k outcomes (Beta-binomial); the unbiased prefix Spearman (one uniformly random
+anchor per bare rollout, scored before the update that trains on it, against that rollout's
+reward); and the predictor's share of the run's step time (its cost breakdown).
+
+``--replay W`` (several values allowed) replays a predictor whose update trains on the last W
+steps' trees (``PredictorConfig.replay_steps``; W = 1 is the method as published, 4 our default).
+
+Targets (fixed before any run): (c) ≥ max(a, b) in Spearman and log-loss on seen prompts; (c) no
+worse than (a) in log-loss on unseen prompts; coverage within 70–90%; unbiased prefix Spearman ≥
+0.25; the predictor's share ≤ 3% of the step.
 
 Examples:
 
-    python -m trace_core.warmstart --tasks qa --train-tasks 16 --view-epochs 0 --epochs 50 \\
-        --lr 5e-3 --batch-size 4 --threads 2 --real-observations --eval-split train --eval-tasks 16 \\
-        --eval-samples 4 --qa-index artifacts/qa_index --out runs/warm_fit16r
-    python bench/predictor_real.py      # the defaults: that policy, 16 tasks, M = 16, N = 1, 30 steps
+    python bench/predictor_real.py --run runs/bench_train_compare/trace-seed0
+    python bench/predictor_real.py --run runs/bench_train_compare/trace-seed0 --replay 1 4
 """
 
 from __future__ import annotations
@@ -32,153 +41,268 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Example:\n  python bench/predictor_real.py --run "
+                                        "runs/bench_train_compare/trace-seed0 --replay 1 4")
+    ap.add_argument("--run", type=Path, default=Path("runs/bench_train_compare/trace-seed0"),
+                    help="a training run directory with warmup_trees.jsonl.gz, trees/ and pool_success/")
+    ap.add_argument("--config", default="configs/testbed.yaml", help="the run's TrainConfig YAML (its predictor)")
+    ap.add_argument("--testbed", type=Path, default=None,
+                    help="the testbed folder (pool.jsonl); default: the run's task.train_file's folder")
+    ap.add_argument("--overrides", nargs="*", default=[], help="TrainConfig overrides the run used")
+    ap.add_argument("--warmup-updates", type=int, default=None, help="default: the config's predictor_warmup")
+    ap.add_argument("--replay", type=int, nargs="+", default=[1, 4], help="steps of trees per update (W)")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/predictor_real.json"))
+    return ap.parse_args()
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
 
 import numpy as np  # noqa: E402
+from scipy import stats as sps  # noqa: E402
 
-from trace_core.metrics import spearman  # noqa: E402
+CLIP = 1e-3
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policy", default="runs/warm_fit16r/policy", help="warm-started policy directory")
-    ap.add_argument("--config", default="configs/embedded.yaml", help="trainer config the run starts from")
-    ap.add_argument("--data", default="data")
-    ap.add_argument("--train-tasks", type=int, default=16, help="train on the first N QA training tasks")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--roots-M", dest="roots_M", type=int, default=16)
-    ap.add_argument("--expansion-N", dest="expansion_N", type=int, default=1)
-    ap.add_argument("--group-G", dest="group_G", type=int, default=4, help="with --pool-factor, sets the pool size")
-    ap.add_argument("--pool-factor", type=int, default=2,
-                    help="candidate pool = pool_factor·M(1+N)/G prompts (at most --train-tasks)")
-    ap.add_argument("--policy-lr", type=float, default=0.0,
-                    help="policy learning rate; 0 (default) freezes the policy, so the predictor chases a fixed "
-                         "target (the fitted policy collapses under RL updates within a few steps at 1e-4)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out-dir", default="runs/bench_predictor_real")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/predictor_real.json"))
-    args = ap.parse_args()
-    if not Path(args.policy, "config.json").is_file():
-        raise SystemExit(f"no policy at {args.policy}: build it with the warm-start command in --help")
+def outcome_scores(p: np.ndarray, successes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt: mean log-loss and mean Brier score of its ``k`` outcomes under probability ``p``."""
+    q = np.clip(p, CLIP, 1 - CLIP)
+    logloss = -(successes * np.log(q) + (k - successes) * np.log(1 - q)) / k
+    brier = (successes * (1 - p) ** 2 + (k - successes) * p ** 2) / k
+    return logloss, brier
 
+
+def beta_binomial_interval(alpha: np.ndarray, beta: np.ndarray, k: int, mass: float = 0.8) -> tuple[np.ndarray,
+                                                                                                      np.ndarray]:
+    """The central ``mass`` predictive interval [lo, hi] of the number of successes in ``k`` draws."""
+    lo, hi = np.zeros(len(alpha), dtype=int), np.zeros(len(alpha), dtype=int)
+    for i, (a, b) in enumerate(zip(alpha, beta, strict=True)):
+        cdf = np.cumsum(sps.betabinom.pmf(np.arange(k + 1), k, a, b))
+        lo[i] = int(np.searchsorted(cdf, (1 - mass) / 2 - 1e-12))
+        hi[i] = int(np.searchsorted(cdf, 1 - (1 - mass) / 2 - 1e-12))
+    return lo, hi
+
+
+def figures(est: np.ndarray, success: np.ndarray, k: int, mask: np.ndarray) -> dict[str, float]:
+    from trace_core.metrics import spearman
+
+    if mask.sum() < 3:
+        return {"prompts": float(mask.sum())}
+    e, c = est[mask], np.round(success[mask] * k)
+    logloss, brier = outcome_scores(e, c, k)
+    return {"prompts": float(mask.sum()), "spearman": float(spearman(e, c / k)), "logloss": float(logloss.mean()),
+            "brier": float(brier.mean()), "bias": float(e.mean() - (c / k).mean())}
+
+
+def bare_outcomes(tree) -> tuple[int, int]:
+    rewards = [tree.trajectory_reward(t.id) for t in tree.bare_trajectories()]
+    s = sum(r > 0.5 for r in rewards)
+    return s, len(rewards) - s
+
+
+class Replay:
+    """One predictor replayed over the run: fitted on the warm-up trees, then one update per step
+    on the last ``window`` steps' trees (``PredictorConfig.replay_steps``); it records every step's
+    root predictions (before the update) into a PromptHistory, as a trainer does."""
+
+    def __init__(self, cfg, warmup_trees, updates: int, window: int) -> None:
+        from dataclasses import replace
+
+        from trace_core.history import PromptHistory
+        from trace_core.predictor import SuccessPredictor
+
+        self.predictor = SuccessPredictor(replace(cfg, replay_steps=window))
+        self.predictor.fit(warmup_trees, updates)
+        self.history = PromptHistory()
+        self.prefix_pairs: list[tuple[float, float]] = []
+
+    def step(self, step: int, trees: list) -> None:
+        from trace_core.predictor.diagnostics import random_anchor_nodes
+
+        roots = self.predictor.score_trees(trees, [[0] for _ in trees])
+        anchors = random_anchor_nodes(trees, np.random.default_rng([step, 7]))
+        scored = self.predictor.score_trees(trees, [a.tolist() for a in anchors])
+        for tree, a, s in zip(trees, anchors, scored, strict=True):
+            for node in a.tolist():  # one anchor per bare rollout: its prediction vs that rollout's reward
+                traj = next(t for t in tree.bare_trajectories() if node in tree.path(t.leaf))
+                self.prefix_pairs.append((float(s[node]), tree.trajectory_reward(traj.id)))
+        outs = np.array([bare_outcomes(t) for t in trees])
+        self.history.record(step, [t.prompt_id for t in trees], outs[:, 0], outs[:, 1],
+                            np.clip([float(r[0]) for r in roots], 0, 1))
+        self.predictor.update(trees)  # it trains on the last `window` steps' trees (replay_steps)
+
+
+def evaluate_at(replay: Replay, step: int, prompt_ids: list[str], tokens: list[list[int]], measured: dict,
+                posterior) -> dict:
+    from trace_core.history import beta_posterior, uniform_streak  # noqa: F401
+
+    k = int(measured["samples"])
+    success = np.array([measured["per_prompt"][pid] for pid in prompt_ids], dtype=float)
+    learned = replay.predictor.score_histories(tokens).clip(0, 1)
+    view = replay.history.view(prompt_ids, step)
+    seen = view.valid.any(axis=1)
+    s_ = (view.successes * view.valid).sum(axis=1)
+    f_ = (view.failures * view.valid).sum(axis=1)
+    history = (s_ + 1) / (s_ + f_ + 2)
+    alpha, beta = beta_posterior(view, learned, posterior)
+    post = alpha / (alpha + beta)
+    lo, hi = beta_binomial_interval(alpha, beta, k)
+    c = np.round(success * k)
+    out = {"step": step, "k": k, "seen_prompts": int(seen.sum())}
+    for name, est in (("learned", learned), ("history", history), ("posterior", post)):
+        out[name] = {"seen": figures(est, success, k, seen), "unseen": figures(est, success, k, ~seen),
+                     "all": figures(est, success, k, np.ones_like(seen))}
+    out["history"]["unseen"] = {"prompts": float((~seen).sum()), "note": "no history: not an estimate"}
+    out["posterior_coverage_80"] = float(np.mean((c >= lo) & (c <= hi)))
+    return out
+
+
+def main(args: argparse.Namespace) -> None:
     import torch
 
     from trace_core.config import load_config
+    from trace_core.history import PosteriorConfig
+    from trace_core.metrics import spearman
+    from trace_core.predictor.config import PredictorConfig
     from trace_core.training.config import TrainConfig
-    from trace_core.training.trainer import Trainer
+    from trace_core.training.trainer import load_tasks
+    from trace_core.tree import load_trees
 
     torch.set_num_threads(1)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    lines = Path(args.data, "qa", "train.jsonl").read_text(encoding="utf-8").splitlines()[: args.train_tasks]
-    train_file = out / "train.jsonl"
-    train_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    overrides = [
-        "method=trace", f"seed={args.seed}", f"steps={args.steps}", f"policy_model={args.policy}",
-        f"output_dir={out / 'run'}", "task.family=qa", f"task.data_dir={args.data}", f"task.train_file={train_file}",
-        "progress=false", f"tracking.tracking_uri=sqlite:///{out.resolve() / 'mlflow.db'}",
-        "tracking.experiment=bench-predictor-real", f"budget.roots_M={args.roots_M}",
-        f"budget.expansion_N={args.expansion_N}", f"budget.group_size_G={args.group_G}",
-        f"budget.pool_factor={args.pool_factor}", "predictor.task_family=qa", f"policy.lr={args.policy_lr}",
-        "agent.max_turns=6",  # 2-4 hops + the answer (the embedded config's 4 turns are for math)
-    ]
-    cfg = load_config(TrainConfig, args.config, overrides)
-    trainer = Trainer(cfg)
-    policy_params = sum(int(t.numel()) for t in trainer.policy.full_state_dict().values())
-    predictor_params = sum(p.numel() for p in trainer.predictor.model.parameters())
-    memory: dict[str, list[float]] = {}
-    steps = []
-    t0 = time.perf_counter()
-    for step in range(cfg.steps):
-        tic = time.perf_counter()
-        metrics = trainer.train_step()
-        wall = time.perf_counter() - tic
-        phases = trainer.profiler.end_step()
-        trees = metrics["_trees"]
-        rewards = {t.prompt_id: [t.trajectory_reward(tr.id) for tr in t.trajectories] for t in trees}
-        target = [float(np.mean(r)) for r in rewards.values()]
-        remembered = [float(np.mean(memory[p])) if memory.get(p) else 0.5 for p in rewards]
-        for p, r in rewards.items():
-            memory.setdefault(p, []).extend(r)
-        row = {
-            "step": step + 1,
-            "wall_s": wall,
-            "reward": metrics["reward/mean"],
-            "prompts": len(trees),
-            "mixed_prompts": int(sum(0 < np.mean(r) < 1 for r in rewards.values())),
-            "spearman_root": metrics.get("predictor/oos_spearman_root", float("nan")),
-            "spearman_prefix": metrics.get("predictor/oos_spearman_prefix", float("nan")),
-            "num_roots": metrics.get("predictor/oos_num_roots", float("nan")),
-            "num_prefixes": metrics.get("predictor/oos_num_prefixes", float("nan")),
-            "ece_root": metrics.get("predictor/ece_root", float("nan")),
-            "loss": metrics.get("predictor/loss", float("nan")),
-            "memory_spearman_root": spearman(remembered, target),
-            "phases_s": phases,
-        }
-        steps.append(row)
-        print(f"step {row['step']:3d}  reward {row['reward']:.3f}  "
-              f"mixed {row['mixed_prompts']:2d}/{row['prompts']:2d}  "
-              f"spearman root {row['spearman_root']:+.3f} (memory {row['memory_spearman_root']:+.3f})  "
-              f"prefix {row['spearman_prefix']:+.3f} ({row['num_prefixes']:.0f})  loss {row['loss']:.4f}  "
-              f"{wall:.1f} s", flush=True)
-    trainer.tracker.close()
-    fractions = trainer.profiler.fractions()
-    predictor_share = fractions.get("predictor_scoring", 0.0) + fractions.get("predictor_update", 0.0)
+    run = args.run
+    testbed = args.testbed
+    overrides = list(args.overrides)
+    if testbed is not None:
+        overrides += [f"task.train_file={testbed / 'pool.jsonl'}"]
+    cfg = load_config(TrainConfig, args.config, ["task.family=qa", "task.index_dir=artifacts/qa_index",
+                                                 *overrides])
+    if testbed is None and cfg.task.train_file and not Path(cfg.task.train_file).is_file():
+        raise SystemExit(f"{cfg.task.train_file} does not exist: pass --testbed (the folder with pool.jsonl)")
+    tasks, factory = load_tasks(cfg)
+    from transformers import AutoTokenizer
 
-    def nanmean(key: str, rows=steps) -> float:
-        v = np.array([r[key] for r in rows], float)
-        return float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
+    from trace_core.rollout.agent import render_prompt
 
-    half = steps[len(steps) // 2:]
-    summary = {
-        "spearman_root_mean": nanmean("spearman_root"), "spearman_prefix_mean": nanmean("spearman_prefix"),
-        "spearman_root_second_half": nanmean("spearman_root", half),
-        "spearman_prefix_second_half": nanmean("spearman_prefix", half),
-        "memory_spearman_root_mean": nanmean("memory_spearman_root"),
-        "memory_spearman_root_second_half": nanmean("memory_spearman_root", half),
-        "steps_with_root_spearman": int(sum(np.isfinite(r["spearman_root"]) for r in steps)),
-        "steps_with_prefix_spearman": int(sum(np.isfinite(r["spearman_prefix"]) for r in steps)),
-        "reward_mean": nanmean("reward"), "predictor_share_of_step": predictor_share,
-        "policy_parameters": policy_params, "predictor_parameters": predictor_params,
-    }
-    print("\n| quantity | all steps | second half |\n|---|---:|---:|")
-    print(f"| predictor Spearman, roots | {summary['spearman_root_mean']:.3f} | "
-          f"{summary['spearman_root_second_half']:.3f} |")
-    print(f"| per-prompt memory Spearman, roots | {summary['memory_spearman_root_mean']:.3f} | "
-          f"{summary['memory_spearman_root_second_half']:.3f} |")
-    print(f"| predictor Spearman, prefixes | {summary['spearman_prefix_mean']:.3f} | "
-          f"{summary['spearman_prefix_second_half']:.3f} |")
-    print(f"Steps with a defined Spearman: roots {summary['steps_with_root_spearman']}/{len(steps)}, "
-          f"prefixes {summary['steps_with_prefix_spearman']}/{len(steps)}; mean reward {summary['reward_mean']:.3f}")
-    print(f"Predictor share of the step's wall time (scoring + update): {100 * predictor_share:.1f}% "
-          f"(predictor {predictor_params:,} parameters; policy {policy_params:,})")
-    print(f"\nCost breakdown over the run:\n{trainer.profiler.table()}")
+    tokenizer = AutoTokenizer.from_pretrained(run / "policy")
+    ids = [t.id for t in tasks]
+    tokens = [render_prompt(tokenizer, t, factory(t).tool_descriptions(), cfg.agent) for t in tasks]
+    warmup = load_trees(run / "warmup_trees.jsonl.gz")
+    steps = sorted(run.glob("trees/step*.jsonl.gz"))
+    measured = {int(json.loads(p.read_text())["step"]): json.loads(p.read_text())
+                for p in sorted(run.glob("pool_success/step*.json"))}
+    updates = args.warmup_updates or cfg.predictor_warmup.updates
+    posterior = PosteriorConfig()
+    results = {}
+    for window in args.replay:
+        replay = Replay(cfg.predictor, warmup, updates, window)
+        points = []
+        for step in range(len(steps) + 1):
+            if step in measured:
+                points.append(evaluate_at(replay, step, ids, tokens, measured[step], posterior))
+                p = points[-1]
+                print(f"W={window} step {step}: spearman learned {p['learned']['all'].get('spearman', np.nan):.3f} "
+                      f"(bias {p['learned']['all'].get('bias', np.nan):+.3f}), seen {p['seen_prompts']}: "
+                      f"history {p['history']['seen'].get('spearman', np.nan):.3f}, "
+                      f"posterior {p['posterior']['seen'].get('spearman', np.nan):.3f}", flush=True)
+            if step < len(steps):
+                replay.step(step, load_trees(steps[step]))
+        pairs = np.array(replay.prefix_pairs)
+        results[f"W={window}"] = {"points": points, "prefix_spearman_random_anchor": float(
+            spearman(pairs[:, 0], pairs[:, 1])) if len(pairs) > 2 else None, "prefix_pairs": len(pairs)}
+    summary = json.loads((run / "summary.json").read_text())
+    frac = summary.get("cost_fractions", {})
+    share = frac.get("predictor_scoring", 0.0) + frac.get("predictor_update", 0.0)
+    table(results)
+    default = f"W={PredictorConfig().replay_steps}"  # the targets are judged on the default predictor
+    chosen = results[default] if default in results else next(iter(results.values()))
+    targets = judge(chosen["points"][-1], chosen, share)
+    for name, verdict in targets.items():
+        print(f"  {name}: {verdict}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "summary": summary, "steps": steps,
-                                    "cost_fractions": fractions, "wall_s": time.perf_counter() - t0},
-                                   indent=2, default=float))
+    args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "run": str(run),
+                                    "posterior": posterior.__dict__, "warmup_updates": updates,
+                                    "predictor_share_of_step": share, "results": results, "targets": targets},
+                                   indent=1, default=float))
+    plot(results, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+def table(results: dict) -> None:
+    print("\n| replay | step | subset | prompts | learned ρ | history ρ | posterior ρ | learned LL | history LL "
+          "| posterior LL | learned bias | coverage80 |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for w, r in results.items():
+        for p in r["points"]:
+            for subset in ("seen", "unseen"):
+                def g(name, key, _subset=subset, _p=p):
+                    v = _p[name][_subset].get(key)
+                    return "–" if v is None or not np.isfinite(v) else f"{v:.3f}"
+                print(f"| {w} | {p['step']} | {subset} | {p['learned'][subset].get('prompts', 0):.0f} | "
+                      f"{g('learned', 'spearman')} | {g('history', 'spearman')} | {g('posterior', 'spearman')} | "
+                      f"{g('learned', 'logloss')} | {g('history', 'logloss')} | {g('posterior', 'logloss')} | "
+                      f"{g('learned', 'bias')} | {p['posterior_coverage_80']:.2f} |")
+        print(f"| {w} | all steps | prefix (random anchor) ρ | {r['prefix_pairs']} | "
+              f"{r['prefix_spearman_random_anchor']:.3f} | | | | | | | |")
+
+
+def judge(point: dict, results: dict, share: float) -> dict[str, str]:
+    """``results``: one replay setting's figures; ``point``: its last measured step."""
+    def v(name, subset, key):
+        return point[name][subset].get(key, float("nan"))
+
+    out = {}
+    best_rho = max(v("learned", "seen", "spearman"), v("history", "seen", "spearman"))
+    best_ll = min(v("learned", "seen", "logloss"), v("history", "seen", "logloss"))
+    ok = v("posterior", "seen", "spearman") >= best_rho and v("posterior", "seen", "logloss") <= best_ll
+    out["posterior >= max(learned, history) on seen prompts (spearman and log-loss)"] = (
+        ("PASS " if ok else "MISS ") + f"spearman {v('posterior', 'seen', 'spearman'):.3f} vs "
+        f"{v('learned', 'seen', 'spearman'):.3f} / {v('history', 'seen', 'spearman'):.3f}; log-loss "
+        f"{v('posterior', 'seen', 'logloss'):.3f} vs {v('learned', 'seen', 'logloss'):.3f} / "
+        f"{v('history', 'seen', 'logloss'):.3f} (step {point['step']}, {point['seen_prompts']} seen)")
+    ok = v("posterior", "unseen", "logloss") <= v("learned", "unseen", "logloss") + 1e-12
+    out["posterior no worse than learned on unseen prompts (log-loss)"] = (
+        ("PASS " if ok else "MISS ") + f"{v('posterior', 'unseen', 'logloss'):.3f} vs "
+        f"{v('learned', 'unseen', 'logloss'):.3f}")
+    cov = point["posterior_coverage_80"]
+    out["posterior 80% interval coverage within 70-90%"] = ("PASS " if 0.7 <= cov <= 0.9 else "MISS ") + f"{cov:.2f}"
+    first = results
+    rho = first["prefix_spearman_random_anchor"]
+    out["unbiased prefix spearman >= 0.25"] = ("PASS " if rho is not None and rho >= 0.25 else "MISS ") + (
+        f"{rho:.3f} over {first['prefix_pairs']} bare rollouts" if rho is not None else "no anchors")
+    out["predictor share <= 3% of the step"] = ("PASS " if share <= 0.03 else "MISS ") + f"{100 * share:.1f}%"
+    return out
+
+
+def plot(results: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    x = [r["step"] for r in steps]
-    ax.plot(x, [r["spearman_root"] for r in steps], marker="o", label="predictor, roots")
-    ax.plot(x, [r["spearman_prefix"] for r in steps], marker="s", label="predictor, prefixes")
-    ax.plot(x, [r["memory_spearman_root"] for r in steps], ls="--", label="per-prompt memory, roots")
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.set(xlabel="training step", ylabel="out-of-sample Spearman", title="Success predictor on real QA trees")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for w, r in results.items():
+        steps = [p["step"] for p in r["points"]]
+        for name, style in (("learned", "-o"), ("posterior", "--s")):
+            axes[0].plot(steps, [p[name]["seen"].get("spearman", np.nan) for p in r["points"]], style,
+                         label=f"{name} seen ({w})")
+        axes[1].plot(steps, [p["learned"]["all"].get("bias", np.nan) for p in r["points"]], "-o",
+                     label=f"learned ({w})")
+    axes[0].set(xlabel="step", ylabel="Spearman vs pool success", title="Root ranking (seen prompts)")
+    axes[1].axhline(0, color="grey", lw=0.8)
+    axes[1].set(xlabel="step", ylabel="mean estimate − mean success", title="Bias of the learned predictor")
+    for ax in axes:
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out.with_suffix(".png"), dpi=110)
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

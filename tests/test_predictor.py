@@ -316,6 +316,20 @@ def test_save_restore_continues_bit_identically(tmp_path) -> None:
         SuccessPredictor(tiny_config(tiny_hidden_size=48)).load_state_dict(first.state_dict())
 
 
+def test_an_update_trains_on_the_replayed_steps_and_diagnoses_this_one() -> None:
+    steps = [[random_tree(100 + 10 * k + s) for s in range(3)] for k in range(3)]
+    replay = SuccessPredictor(tiny_config(replay_steps=2))
+    single = SuccessPredictor(tiny_config(replay_steps=1))
+    for k, trees in enumerate(steps):
+        a, b = replay.update(trees), single.update(trees)
+        assert a["n_roots"] == b["n_roots"] == len(trees)  # the diagnostics: this step's trees only
+        assert a["n_train_roots"] == (len(trees) if k == 0 else 2 * len(trees))  # this step and the one before
+        assert b["n_train_roots"] == len(trees)
+    assert [len(s) for s in replay.replayed] == [3] and single.replayed == []
+    with pytest.raises(ValueError, match="replay_steps"):
+        tiny_config(replay_steps=0)
+
+
 # ---------------------------------------------------------------------------- diagnostics, explore
 def test_calibration_bins() -> None:
     cal = calibration([0.05, 0.15, 0.95, 1.0], [0.0, 1.0, 1.0, 1.0], n_bins=10)

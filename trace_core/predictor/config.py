@@ -49,6 +49,13 @@ class PredictorConfig:
     # adaptation: the paper's 6% of ~1,000 roots a step is ~60 prefix examples; at our tens of
     # roots the share alone gives under one, and the prefix head would never be trained.
     min_prefix_examples: int = 16
+    # Steps of trees each update trains on: this step's and the replay_steps − 1 before it. A scale
+    # adaptation (1 = the paper): the paper's step has ~1,000 roots, ours tens, and one optimizer
+    # step on a batch that small moves the predictor's mean output by up to ±0.2 per step (measured
+    # offline on the testbed with bench/predictor_real.py: pool-wide bias −0.16 then +0.25 with 1,
+    # −0.03 then +0.14 with 4, ranking unchanged). TRACE's allocation reads calibrated values, so a
+    # drifting mean skips prompts it should open.
+    replay_steps: int = 4
     batch_size: int = 64  # supervised examples (roots + prefixes) per optimizer step
     epochs_per_update: int = 1  # passes over one step's examples per update() call
     rollback_nonfinite_weights: bool = True  # snapshot before each step; undo non-finite weights
@@ -91,6 +98,8 @@ class PredictorConfig:
             raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
+        if int(self.replay_steps) < 1:
+            raise ValueError(f"replay_steps must be >= 1 (1 = this step's trees only), got {self.replay_steps}")
         if int(self.min_prefix_examples) < 0:
             raise ValueError(f"min_prefix_examples must be >= 0, got {self.min_prefix_examples}")
         if not 0 <= self.prefix_share < 1:

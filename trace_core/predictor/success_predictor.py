@@ -67,6 +67,7 @@ class SuccessPredictor:
         self.skipped_steps = 0  # optimizer steps refused by the non-finite guard, in total
         self.updates = 0  # update() calls
         self.last_diagnostics: StepDiagnostics | None = None  # out-of-sample report of the last update
+        self.replayed: list[list[RolloutTree]] = []  # the previous replay_steps − 1 steps' trees, oldest first
 
     # ------------------------------------------------------------------ scoring
     def _score(self, token_trees: Sequence[TokenTree], selections: Sequence[np.ndarray | None] | None):
@@ -146,11 +147,18 @@ class SuccessPredictor:
                 trees, predictions, self.config.min_leaves, self.config.calibration_bins, random_anchors=anchors
             )
             stats.update(self.last_diagnostics.as_dict())
-        examples, n_prefixes = sample_examples(candidates, self.config.prefix_share, self.rng,
+        # Training reads this step's trees and the replayed ones (config.replay_steps); the
+        # diagnostics above read this step's alone, scored before any weight changed.
+        train_trees = [t for step in self.replayed for t in step] + trees
+        train_candidates = supervised_set(train_trees, self.config.min_leaves) if self.replayed else candidates
+        examples, n_prefixes = sample_examples(train_candidates, self.config.prefix_share, self.rng,
                                                self.config.min_prefix_examples)
-        stats.update(self.fit_examples(trees, examples))
+        stats.update(self.fit_examples(train_trees, examples))
         stats.update(n_roots=float(len(candidates.roots)), n_prefixes=float(n_prefixes),
-                     n_prefix_candidates=float(len(candidates.prefixes)))
+                     n_prefix_candidates=float(len(candidates.prefixes)),
+                     n_train_roots=float(len(train_candidates.roots)))
+        if self.config.replay_steps > 1:
+            self.replayed = [*self.replayed, trees][-(self.config.replay_steps - 1):]
         self.updates += 1
         return stats
 
@@ -287,6 +295,7 @@ class SuccessPredictor:
             "skipped_steps": self.skipped_steps,
             "updates": self.updates,
             "rng": self.rng.bit_generator.state,
+            "replayed": [[t.to_dict() for t in step] for step in self.replayed],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -305,6 +314,7 @@ class SuccessPredictor:
         self.skipped_steps = int(state["skipped_steps"])
         self.updates = int(state["updates"])
         self.rng.bit_generator.state = state["rng"]
+        self.replayed = [[RolloutTree.from_dict(t) for t in step] for step in state.get("replayed", [])]
 
     def save(self, path: str | Path) -> None:
         torch.save(self.state_dict(), Path(path))
