@@ -16,7 +16,7 @@ export DVC_NO_ANALYTICS := 1
 export MPLBACKEND := Agg
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test venv data lint system-deps ui bench bench-allocation bench-contrast clean-venv lock help
+.PHONY: run test venv data lint system-deps ui faults bench bench-allocation bench-contrast clean-venv lock help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -68,6 +68,9 @@ test: system-deps $(STAMP) data/MANIFEST.json  ## system deps, ruff, then every 
 
 run: $(STAMP)  ## the main job: the Kubeflow pipeline on this machine (kfp.local); a second run reuses what is up to date
 	$(BIN)/python -m pipelines run --local
+
+faults: $(STAMP) data/MANIFEST.json  ## the fault-injection suite alone (sandbox, data, tracking, engine, loop), with its figures
+	$(BIN)/python -m pytest --timeout=900 -m faults tests
 
 ui: $(STAMP)  ## serve the MLflow UI on the main job's runs (prints the last comparison's URL)
 	$(BIN)/python -m pipelines ui

@@ -232,3 +232,38 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     srv.stop()
 
 
+
+
+# ------------------------------------------------------------------------------------ fault summary
+_FAULT_AREAS = {"test_sandbox.py": "sandbox (hostile cells)", "test_sandbox_forgery.py": "sandbox (forged reports)",
+                "test_data_errors.py": "bad data", "test_tracking.py": "tracking store",
+                "test_engine_faults.py": "rollout engine", "test_trainer_faults.py": "training loop"}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """The fault-injection suite's figures: how many attacks, faults and bad inputs each area was
+    put through, and how many held. Records lost is what the tracking and training-loop tests
+    assert (every record delivered exactly once); it reads 0 only when all of them passed."""
+    counts: dict[str, list[int]] = {}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if getattr(report, "when", "call") not in ("call", "setup") or "faults" not in report.keywords:
+                continue
+            if report.when == "setup" and outcome == "passed":
+                continue
+            area = _FAULT_AREAS.get(Path(report.nodeid.split("::")[0]).name, "other")
+            row = counts.setdefault(area, [0, 0, 0])
+            row[{"passed": 0, "skipped": 2}.get(outcome, 1)] += 1
+    if not counts:
+        return
+    terminalreporter.section("fault injection")
+    for area, (held, broke, skipped) in sorted(counts.items()):
+        terminalreporter.write_line(f"{area:28s} {held + broke:4d} injected, {held:4d} held, {broke} broke"
+                                    + (f", {skipped} skipped" if skipped else ""))
+    lossy = sum(counts.get(a, [0, 0, 0])[1] for a in ("tracking store", "training loop"))
+    total = sum(h + b for h, b, _ in counts.values())
+    if not {"tracking store", "training loop"} & set(counts):
+        lost = "not measured here (no tracking or training-loop test ran)"
+    else:
+        lost = "0" if lossy == 0 else f"not shown ({lossy} tracking/loop tests failed)"
+    terminalreporter.write_line(f"{total} faults injected; records lost: {lost}")

@@ -20,6 +20,8 @@ from trace_core.data.loaders import load_dataset, read_records
 from trace_core.data.reading import READ_STAGE, ReadConfig, read_json_lines
 from trace_core.data.validation import DataValidationError, load_validated
 
+pytestmark = pytest.mark.faults  # counted in the fault-injection summary (data)
+
 REPO = Path(__file__).resolve().parents[1]
 UTF8_RULE = "the line is valid UTF-8"
 SIZE_RULE = "a row is at most {} bytes"

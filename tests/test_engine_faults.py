@@ -11,6 +11,8 @@ import pytest
 from trace_core.rollout.engine import GenerationRequest, SamplingConfig, generate
 from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
 
+pytestmark = pytest.mark.faults  # counted in the fault-injection summary (engine)
+
 
 class _FaultAfter:
     """The real engine, with a fault injected at its ``after``-th poll: ``crash`` raises, ``hang``

@@ -32,10 +32,10 @@ FACTOR, SLACK = 2.0, 0.5
 TEARDOWN_S = 1.0  # kill + namespace teardown + a loaded machine, on top of the limit itself
 VOID = "the sandbox's report channel held a forged or malformed report"
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.faults, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="the sandbox needs root and util-linux unshare",
-)
+)]
 
 # Replayed cells have their stdout on /dev/null: a hostile cell can tell a replay from its first run.
 REPLAYING = "os.path.samefile('/proc/self/fd/1', '/dev/null')"

@@ -25,6 +25,8 @@ from trace_core.tracking import (
     tracked_run,
 )
 
+pytestmark = pytest.mark.faults  # counted in the fault-injection summary (tracking)
+
 REPO = Path(__file__).resolve().parents[1]
 TRACE_RL = str(Path(sys.executable).with_name("trace-rl"))
 

@@ -14,6 +14,8 @@ from trace_core.config import load_config
 from trace_core.training.config import TrainConfig
 from trace_core.training.trainer import Trainer
 
+pytestmark = pytest.mark.faults  # counted in the fault-injection summary (training loop)
+
 BOUNDARIES = ("trees_saved", "checkpointed", "logged")
 
 
