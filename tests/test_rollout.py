@@ -189,3 +189,64 @@ def test_sampling_seed_keys_the_draws_and_repeated_prompts_are_rejected(engine, 
     twice = [tasks(1)[0], tasks(1)[0]]
     with pytest.raises(ValueError, match="more than once"):
         executor.run(twice, [2, 2], grpo, 0, None, np.random.default_rng(0))
+
+
+# ---------------------------------------------------------------------------- sampling in rounds
+def test_rounds_never_exceed_the_budget_and_dropped_groups_are_counted(engine, tokenizer) -> None:
+    from trace_core.metrics import is_success
+
+    spec = BudgetSpec(roots_M=8, expansion_N=1, group_size_G=4, max_per_prompt=4, pool_factor=2)
+    dapo = get_method("dapo")
+    rule = dapo.round_rule
+    pool = tasks(spec.pool_size, turns=2)
+
+    def rounds(success_rate: float):
+        def env(task: Task) -> FixedTurnsEnvironment:
+            return FixedTurnsEnvironment(num_turns=task.metadata["turns"], success_rate=success_rate)
+
+        executor = TreeRolloutExecutor(engine, tokenizer, env, AGENT, tool_workers=0)
+        return executor.run_in_rounds(pool, np.full(spec.pool_size, 0.5), dapo, spec, np.random.default_rng(0))
+
+    def mixed(tree) -> bool:
+        s = is_success(tree.outcomes())
+        return bool(s.any() and not s.all())
+
+    # Nothing ever succeeds: no group is mixed, so the rounds run until the budget is spent —
+    # exactly spent, never more — and the filter drops every group, whose rollouts still count.
+    none = rounds(0.0)
+    r = none.result
+    assert r.stats.trajectories == spec.total == sum(len(t.outcomes()) for t in r.trees) == int(none.m.sum())
+    assert r.rounds == len(r.trees) == spec.total // spec.group_size_G  # one prompt a round here
+    assert not any(r.kept) and r.stats.bare_trajectories == spec.total and r.stats.continuations == 0
+
+    # A coin flip: rounds stop once the target of mixed groups is reached (before the budget runs
+    # out); one-outcome groups are dropped, mixed ones kept up to the target.
+    coin = rounds(0.5)
+    r = coin.result
+    flags = [mixed(t) for t in r.trees]
+    assert sum(len(t.outcomes()) for t in r.trees) == r.stats.trajectories <= spec.total
+    assert r.kept == rule.keep_groups(np.array(flags), spec).tolist()
+    assert sum(r.kept) == min(sum(flags), rule.target_groups(spec))
+    assert all(flags[i] for i, k in enumerate(r.kept) if k)
+    if sum(flags) >= rule.target_groups(spec):
+        assert flags[-1]  # the last round is the one that reached the target
+    assert sorted(t.prompt_id for t in r.trees) == sorted(t.id for t, mi in zip(pool, coin.m, strict=True) if mi)
+
+    class Overspend:  # a rule that asks for more than the budget is stopped before it rolls out
+        def next_round(self, v, sampled, mixed_groups, spent, spec, rng):
+            out = np.zeros(v.shape[0], dtype=np.int64)
+            out[~sampled] = spec.total
+            return out
+
+        def keep_groups(self, flags, spec):
+            return np.asarray(flags, dtype=bool)
+
+    import dataclasses
+
+    greedy = dataclasses.replace(dapo, round_rule=Overspend())
+    executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT)
+    with pytest.raises(AssertionError, match="budget"):
+        executor.run_in_rounds(pool, np.full(spec.pool_size, 0.5), greedy, spec, np.random.default_rng(0))
+    assert engine.num_pending == 0
+    with pytest.raises(ValueError, match="no round rule"):
+        executor.run_in_rounds(pool, np.full(spec.pool_size, 0.5), get_method("grpo"), spec, np.random.default_rng(0))

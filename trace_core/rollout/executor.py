@@ -14,6 +14,10 @@ Given a root allocation ``m`` and an allocation method (SPEC §4), the executor
    anchor's history (one request with ``n = K``; the prefix is reused from the cache);
 4. a prompt without anchors spends its ``m_i·N`` on extra root rollouts (SPEC §3).
 
+A method that samples in rounds (DAPO's dynamic sampling: ``Method.round_rule``) runs through
+:meth:`TreeRolloutExecutor.run_in_rounds`: one :meth:`~TreeRolloutExecutor.run` per round, bare
+groups only, each round chosen after the earlier ones finished, then the rule's group filter.
+
 Every method of the allocation registry runs through this one executor, so budgets are
 comparable: each step reports trajectories and generated tokens per prompt.
 """
@@ -28,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import Method, roots_uniform_all
+from trace_core.allocation import BudgetSpec, Method, roots_uniform_all
+from trace_core.metrics import is_success
 from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
 from trace_core.rollout.engine import Completion, GenerationRequest, RolloutEngine, Sample, SamplingConfig
 from trace_core.rollout.env import Action, Environment, Episode, Observation, Task, parse_action
@@ -75,11 +80,33 @@ class RolloutStats:
 
 @dataclass
 class RolloutResult:
-    trees: list[RolloutTree]  # one per activated prompt, in task order
+    trees: list[RolloutTree]  # one per activated prompt: in task order (in rounds: in sampling order)
     stats: RolloutStats
     events: list[RolloutEvent]
     continuations_per_anchor: dict[str, dict[int, int]]  # prompt id -> {anchor node: K}
     received_histories: dict[tuple[str, int], tuple[int, ...]]  # (prompt id, node) -> ids the engine got
+    # per tree: whether the policy trains on it (False: dropped by a round rule's group filter;
+    # its rollouts were still spent and count in ``stats``)
+    kept: list[bool] = field(default_factory=list)
+    rounds: int = 1  # executor runs that produced the trees (a round rule's rounds)
+
+
+@dataclass
+class RoundsResult:
+    """What :meth:`TreeRolloutExecutor.run_in_rounds` sampled."""
+
+    result: RolloutResult  # every group sampled (kept or dropped), in sampling order
+    m: np.ndarray  # int64 (len(tasks),): bare rollouts each candidate got over all rounds
+
+
+def merge_stats(parts: Sequence[RolloutStats]) -> RolloutStats:
+    """The field-wise sum of several runs' accounting (rounds run one after another, so their
+    wall times add up too)."""
+    total = RolloutStats()
+    for part in parts:
+        for name in RolloutStats.__dataclass_fields__:
+            setattr(total, name, getattr(total, name) + getattr(part, name))
+    return total
 
 
 @dataclass
@@ -192,7 +219,68 @@ class TreeRolloutExecutor:
         return RolloutResult(
             trees=[p.tree for p in self._prompts], stats=self._stats, events=self._events,
             continuations_per_anchor=self._k_by_anchor, received_histories=self._received,
+            kept=[True] * len(self._prompts),
         )
+
+    def run_in_rounds(
+        self,
+        tasks: Sequence[Task],
+        v: np.ndarray,
+        method: Method,
+        spec: BudgetSpec,
+        rng: np.random.Generator,
+        sampling_seed: int | None = None,
+    ) -> RoundsResult:
+        """Bare groups in rounds with ``method.round_rule`` (DAPO's dynamic sampling), at most
+        ``spec.total`` rollouts. Before each round the rule sees the candidates sampled so far,
+        the mixed groups so far and the rollouts spent, and returns the round's ``m`` (all zeros:
+        stop); each round is one :meth:`run` without expansion, finished before the next is
+        chosen. After the last round the rule's group filter marks which trees the policy trains
+        on (``result.kept``, in sampling order); a dropped group's rollouts still count in
+        ``result.stats``. Every round samples with ``sampling_seed``: request seeds are keyed by
+        the prompt too, and no prompt is sampled in two rounds.
+
+        Raises AssertionError if the rounds would spend more than ``spec.total``, ValueError for
+        a malformed round (a prompt sampled twice, ``m = 1``, a wrong length)."""
+        rule = method.round_rule
+        if rule is None:
+            raise ValueError(f"method {method.name!r} has no round rule: use run()")
+        v = np.asarray(v, dtype=np.float64)
+        B = len(tasks)
+        if v.shape != (B,):
+            raise ValueError(f"v has shape {v.shape}, expected ({B},): one prediction per task")
+        m = np.zeros(B, dtype=np.int64)
+        parts: list[RolloutResult] = []
+        mixed = 0
+        while True:
+            m_r = np.asarray(rule.next_round(v, m > 0, mixed, int(m.sum()), spec, rng), dtype=np.int64)
+            if m_r.shape != (B,) or np.any(m_r < 0) or np.any(m_r == 1) or np.any((m_r > 0) & (m > 0)):
+                raise ValueError("a round must give fresh prompts 0 or >= 2 rollouts each, one entry per task")
+            if not m_r.any():
+                break
+            if int(m.sum() + m_r.sum()) > spec.total:
+                raise AssertionError(f"{method.name}: rounds spend {int(m.sum() + m_r.sum())} > the budget "
+                                     f"{spec.total}")
+            part = self.run(tasks, m_r.tolist(), method, spec.expansion_N, None, rng, sampling_seed=sampling_seed)
+            mixed += sum(_holds_both(t) for t in part.trees)
+            parts.append(part)
+            m += m_r
+        trees = [t for part in parts for t in part.trees]
+        flags = np.array([_holds_both(t) for t in trees], dtype=bool)
+        kept = np.asarray(rule.keep_groups(flags, spec), dtype=bool)
+        if kept.shape != flags.shape:
+            raise ValueError(f"keep_groups returned shape {kept.shape} for {flags.size} groups")
+        events, offset = [], 0
+        for part in parts:  # engine steps count on across the rounds
+            events += [RolloutEvent(e.engine_step + offset, e.kind, e.prompt_id, e.detail) for e in part.events]
+            offset += max((e.engine_step for e in part.events), default=0)
+        result = RolloutResult(
+            trees=trees, stats=merge_stats([part.stats for part in parts]), events=events,
+            continuations_per_anchor={k: d for part in parts for k, d in part.continuations_per_anchor.items()},
+            received_histories={k: h for part in parts for k, h in part.received_histories.items()},
+            kept=kept.tolist(), rounds=len(parts),
+        )
+        return RoundsResult(result, m)
 
     # ------------------------------------------------------------------ groups and requests
     def _start_group(self, pi: int, kind: str, branch: int, n: int, first_env: Environment | None = None) -> None:
@@ -356,6 +444,12 @@ class TreeRolloutExecutor:
 
     def _event(self, kind: str, state: _Prompt, **detail: Any) -> None:
         self._events.append(RolloutEvent(self._engine_step, kind, state.task.id, detail))
+
+
+def _holds_both(tree: RolloutTree) -> bool:
+    """Whether the tree's finished trajectories hold a success and a failure (a mixed group)."""
+    success = is_success(tree.outcomes())
+    return bool(success.any() and not success.all())
 
 
 def _timed_step(env: Environment, action: Action) -> tuple[Observation, float]:
