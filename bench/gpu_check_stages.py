@@ -426,7 +426,10 @@ STAGES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Example (the dry run the tests make):\n"
+                                        "  bash bench/gpu_check.sh --cpu --out /tmp/gpu_check.json")
     ap.add_argument("stage", choices=[*STAGES, "init", "record", "wheels"])
     ap.add_argument("--report", help="the JSON report each stage appends to")
     ap.add_argument("--work", default=None, help="scratch directory shared by the stages")

@@ -18,12 +18,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="trace-rl", description="TRACE: budgeted root and prefix allocation for agentic RL.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Overrides are dotted keys of TrainConfig, e.g. budget.roots_M=32 policy.zero_stage=3.",
+        epilog="Examples:\n"
+               "  trace-rl train --config configs/testbed.yaml method=trace steps=10\n"
+               "  trace-rl show-config --config configs/paper-qwen3-8b.yaml\n"
+               "  trace-rl deliver runs/my-run/spool\n\n"
+               "Overrides are dotted keys of TrainConfig, e.g. budget.roots_M=32 policy.zero_stage=3.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    examples = {"train": "trace-rl train --config configs/testbed.yaml method=trace seed=1 output_dir=runs/t1\n"
+                         "  (rerun the same command to resume from its last checkpoint)",
+                "show-config": "trace-rl show-config method=pcl budget.roots_M=64"}
     for name, help_text in (("train", "run (or resume) a training run"),
                             ("show-config", "print the resolved configuration as YAML")):
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog=f"Example:\n  {examples[name]}\n\nOverrides are dotted keys of TrainConfig.")
         p.add_argument("--config", help="YAML file with TrainConfig fields (defaults otherwise)")
         p.add_argument("overrides", nargs="*", help="key=value overrides, applied after the file")
     _add_deliver(sub)

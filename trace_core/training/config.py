@@ -13,7 +13,7 @@ from trace_core.envs.registry import EnvsConfig
 from trace_core.predictor.config import PredictorConfig
 from trace_core.rollout.agent import AgentConfig
 from trace_core.tracking import TrackingConfig
-from trace_core.training.policy import PolicyTrainConfig
+from trace_core.training.policy_config import PolicyTrainConfig
 
 
 @dataclass

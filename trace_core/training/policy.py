@@ -17,60 +17,21 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from trace_core.training.policy_config import PolicyTrainConfig  # noqa: F401 - re-exported
 from trace_core.training.ppo import (
     PackedTargets,
-    PPOLossConfig,
     pack_trees_for_training,
     ppo_clip_token_losses,
 )
 from trace_core.tree import RolloutTree
-from trace_core.tree_packing.attention import TreeAttentionConfig, model_attention
-from trace_core.tree_packing.logprobs import DEFAULT_MAX_LOGITS, install_logprob_head, packed_token_logprobs
-
-
-@dataclass
-class PolicyTrainConfig:
-    """How the policy is updated each step."""
-
-    lr: float = 1e-5  # AdamW learning rate (tiny random policies want ~1e-4; 0 freezes the policy)
-    weight_decay: float = 0.0  # AdamW weight decay
-    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
-    grad_clip: float = 1.0  # global gradient-norm clip (0 = off)
-    zero_stage: int = 2  # DeepSpeed ZeRO stage, 0–3
-    micro_batches: int = 2  # packed forwards per rank per optimizer step (gradient accumulation)
-    ppo_epochs: int = 1  # optimizer steps over the same trees (the clip matters from the 2nd on)
-    ppo: PPOLossConfig = field(default_factory=PPOLossConfig)  # surrogate and KL settings
-    dist_backend: str = "gloo"  # "gloo" on CPU, "nccl" on GPUs
-    dtype: str = "float32"  # "float32" or "bfloat16" (bf16 mixed precision on GPUs)
-    # "tree": sparse tree attention, memory linear in the packed tokens; "sdpa" / "eager": the dense
-    # L × L tree mask (the reference it is tested against; quadratic memory)
-    attn_implementation: str = "tree"
-    tree_attention: TreeAttentionConfig = field(default_factory=TreeAttentionConfig)  # how "tree" batches its calls
-    max_logits_per_chunk: int = DEFAULT_MAX_LOGITS  # LM-head logits materialised at once when scoring tokens
-    seed: int = 0  # torch seed for anything stochastic in the update
-
-    def __post_init__(self) -> None:
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        if self.micro_batches < 1 or self.ppo_epochs < 1:
-            raise ValueError("micro_batches and ppo_epochs must be >= 1")
-        if self.lr < 0:
-            raise ValueError(f"lr must be >= 0 (0 freezes the policy), got {self.lr}")
-        if self.dist_backend not in ("gloo", "nccl"):
-            raise ValueError(f"dist_backend must be 'gloo' or 'nccl', got {self.dist_backend!r}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-        if self.attn_implementation not in ("tree", "sdpa", "eager"):
-            raise ValueError(f"attn_implementation must be 'tree', 'sdpa' or 'eager', got {self.attn_implementation!r}")
-        if self.max_logits_per_chunk < 1:
-            raise ValueError(f"max_logits_per_chunk must be >= 1, got {self.max_logits_per_chunk}")
+from trace_core.tree_packing.attention import model_attention
+from trace_core.tree_packing.logprobs import install_logprob_head, packed_token_logprobs
 
 
 def init_distributed(backend: str) -> tuple[int, int]:

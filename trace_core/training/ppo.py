@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from trace_core.predictor.packing import Pack, TokenTree, pack_token_trees
+from trace_core.training.policy_config import PPOLossConfig  # noqa: F401 - re-exported
 from trace_core.tree import RolloutTree
 
 
@@ -88,24 +89,6 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, predecessor: t
     idx = predecessor.clamp(min=0)
     logp = torch.log_softmax(logits[idx].float(), dim=-1).gather(-1, token_ids[:, None]).squeeze(-1)
     return torch.where(predecessor >= 0, logp, torch.zeros_like(logp))
-
-
-@dataclass(frozen=True)
-class PPOLossConfig:
-    """The PPO-clip surrogate (token-mean over model-written tokens)."""
-
-    clip_eps: float = 0.2  # ratio clip range: [1 − eps, 1 + eps]
-    clip_eps_high: float | None = None  # upper clip (DAPO's clip-higher); None = clip_eps
-    kl_coef: float = 0.0  # weight of the KL penalty to the reference policy (0 = off)
-
-    def __post_init__(self) -> None:
-        if self.clip_eps <= 0:
-            raise ValueError(f"clip_eps must be > 0, got {self.clip_eps}")
-        if self.clip_eps_high is not None and self.clip_eps_high <= 0:
-            raise ValueError(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
-
 
 def ppo_clip_token_losses(
     logp: torch.Tensor,

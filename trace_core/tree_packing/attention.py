@@ -41,26 +41,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from trace_core.tree_packing.config import TreeAttentionConfig  # noqa: F401 - re-exported
 from trace_core.tree_packing.layout import Pack
 
 TREE_ATTENTION = "trace_tree"
-
-
-@dataclass(frozen=True)
-class TreeAttentionConfig:
-    """How a pack's attention is cut into batched calls (exactness never depends on these)."""
-
-    query_chunk: int = 256  # most query tokens of one unit: longer segments are split, bounding the causal waste
-    max_pairs_per_call: int = 1 << 22  # padded query × key pairs of one sdpa call (its transient mask and scores)
-    max_keys_per_call: int = 1 << 16  # padded keys one sdpa call gathers (its transient K/V copies)
-    bucket: float = 1.25  # units share a call when their query and key counts are each within this ratio
-
-    def __post_init__(self) -> None:
-        if self.query_chunk < 1 or self.max_pairs_per_call < 1 or self.max_keys_per_call < 1:
-            raise ValueError("query_chunk, max_pairs_per_call and max_keys_per_call must be >= 1")
-        if self.bucket < 1.0:
-            raise ValueError(f"bucket must be >= 1, got {self.bucket}")
-
 
 @dataclass(frozen=True)
 class UnitGroup:

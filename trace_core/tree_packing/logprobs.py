@@ -26,9 +26,8 @@ import torch
 from torch import nn
 
 from trace_core.tree_packing.attention import TreeAttentionConfig, attention_inputs
+from trace_core.tree_packing.config import DEFAULT_MAX_LOGITS  # noqa: F401 - re-exported
 from trace_core.tree_packing.layout import Pack
-
-DEFAULT_MAX_LOGITS = 1 << 24  # logits one chunk holds: 64 MiB in float32
 
 
 class _ChunkedTokenLogProbs(torch.autograd.Function):
