@@ -140,3 +140,23 @@ def test_zero2_and_zero3_on_two_processes_match_one_process(model_dir: Path, tmp
         assert set(other) == set(base)
         diff = np.sqrt(sum(((base[k] - other[k]) ** 2).sum() for k in base))
         assert diff <= 0.01 * norm, f"ZeRO-{stage} on 2 processes differs by {diff / norm:.2%} of the update"
+
+
+def test_a_non_finite_loss_is_skipped_and_counted_never_written_into_the_weights(model_dir: Path) -> None:
+    from trace_core.training.policy import PolicyOptimizer, PolicyTrainConfig
+
+    opt = PolicyOptimizer(str(model_dir), PolicyTrainConfig(lr=1e-3, zero_stage=2, micro_batches=2, grad_clip=0.0))
+    try:
+        trees, adv = synthetic_trees(int(opt.engine.module.config.vocab_size))
+        before = opt.full_state_dict()
+        poisoned = [np.where(np.arange(len(a)) == 1, np.nan, a) if i == 0 else a for i, a in enumerate(adv)]
+        stats = opt.update(trees, poisoned)  # the micro-batch holding tree 0 has a NaN advantage
+        after = opt.full_state_dict()
+        assert stats["skipped_nonfinite"] == 1 and opt.skipped_nonfinite == 1
+        assert all(torch.isfinite(v).all() for v in after.values())
+        assert any(not torch.equal(before[k], after[k]) for k in before)  # the finite micro-batch was applied
+        everything = opt.update(trees, [np.full_like(a, np.nan) for a in adv])
+        assert everything["skipped_nonfinite"] == 2 and opt.skipped_nonfinite == 3
+        assert all(torch.equal(after[k], v) for k, v in opt.full_state_dict().items())  # nothing moved
+    finally:
+        opt.engine.destroy()

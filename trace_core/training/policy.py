@@ -117,6 +117,7 @@ class PolicyOptimizer:
         if self.ref_model is not None:  # DeepSpeed placed the policy; the frozen copy follows it
             self.ref_model.to(self.device)
         self.updates = 0
+        self.skipped_nonfinite = 0  # micro-batches dropped for a non-finite loss, over the run
 
     # ------------------------------------------------------------------ forward pieces
     def _logprobs(self, model: torch.nn.Module, pack, targets: PackedTargets) -> torch.Tensor:
@@ -135,6 +136,29 @@ class PolicyOptimizer:
         mine = groups[self.rank * mb:(self.rank + 1) * mb]
         forwards = [max(len(groups[r * mb + j]) for r in range(self.world_size)) for j in range(mb)]
         return mine, forwards, int(sum(counts))
+
+    def _step_without_moving(self) -> None:
+        """The accumulation boundary's ``engine.step()`` with a learning rate of 0: DeepSpeed's
+        counters advance as on every rank, the weights do not move (AdamW's decoupled decay is
+        scaled by the learning rate too)."""
+        groups = self.engine.optimizer.param_groups
+        saved = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] = 0.0
+        try:
+            self.engine.step()
+        finally:
+            for g, lr in zip(groups, saved, strict=True):
+                g["lr"] = lr
+
+    def _finite_everywhere(self, loss: torch.Tensor) -> bool:
+        """Whether the loss is finite on every rank (one all-reduce when there are several)."""
+        bad = torch.tensor(0.0 if bool(torch.isfinite(loss.detach()).all()) else 1.0, device=self.device)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return float(bad) == 0.0
 
     def _idle_forward(self, model: torch.nn.Module) -> torch.Tensor:
         """A one-token forward (its logits), for a rank with fewer trees than another."""
@@ -189,6 +213,8 @@ class PolicyOptimizer:
         # Scale: DeepSpeed divides by the accumulation steps and averages over ranks.
         scale = self.config.micro_batches * self.world_size / total_tokens
         stats = {"policy_loss": 0.0, "clip_frac": 0.0, "kl": 0.0}
+        skipped = 0  # micro-batches dropped for a non-finite loss
+        window_kept = 0  # finite micro-batches in the current gradient-accumulation window
         for _ in range(self.config.ppo_epochs):
             for item, old_lp, ref_lp, n_forwards in zip(packed, old, ref, forwards, strict=True):
                 # A rank with fewer trees in this micro-batch (or none) still makes the same
@@ -196,29 +222,43 @@ class PolicyOptimizer:
                 loss = torch.zeros((), device=self.device)
                 for _ in range(max(1, n_forwards) - len(item or [])):
                     loss = loss + self._idle_forward(self.engine).sum() * 0.0
-                if item is None:
-                    self.engine.backward(loss)
-                    self.engine.step()
-                    continue
-                for (pack, targets), tree_old, tree_ref in zip(item, old_lp, ref_lp, strict=True):
+                part = {"policy_loss": 0.0, "clip_frac": 0.0, "kl": 0.0}
+                for (pack, targets), tree_old, tree_ref in zip(item or [], old_lp or [], ref_lp or [], strict=True):
                     lp = self._logprobs(self.engine, pack, targets)
                     m = torch.as_tensor(targets.loss_mask, device=self.device)
                     adv = torch.as_tensor(targets.advantage, device=self.device)
                     token_loss, s = ppo_clip_token_losses(lp, tree_old, adv, self.config.ppo, tree_ref)
                     loss = loss + (token_loss * m).sum() * scale
-                    stats["policy_loss"] += float((token_loss.detach() * m).sum()) / total_tokens
-                    stats["clip_frac"] += float((s["clip_frac"] * m).sum()) / total_tokens
+                    part["policy_loss"] += float((token_loss.detach() * m).sum()) / total_tokens
+                    part["clip_frac"] += float((s["clip_frac"] * m).sum()) / total_tokens
                     if "kl" in s:
-                        stats["kl"] += float((s["kl"] * m).sum()) / total_tokens
+                        part["kl"] += float((s["kl"] * m).sum()) / total_tokens
+                if not self._finite_everywhere(loss):  # every rank asks, an idle one too
+                    # A non-finite loss (a NaN advantage, an overflowing log-ratio) would write NaN
+                    # into every weight. Its micro-batch is dropped on every rank alike — a
+                    # zero-loss forward keeps the collective reduction aligned — and counted.
+                    loss = self._idle_forward(self.engine).sum() * 0.0
+                    skipped += 1
+                else:
+                    window_kept += 1
+                    for key, value in part.items():
+                        stats[key] += value
                 self.engine.backward(loss)
-                self.engine.step()
+                boundary = self.engine.is_gradient_accumulation_boundary()
+                if boundary and window_kept == 0:
+                    self._step_without_moving()  # every micro-batch of the window dropped: no update
+                else:
+                    self.engine.step()
+                if boundary:
+                    window_kept = 0
             self.updates += 1
         epochs = self.config.ppo_epochs
         stats = {k: v / epochs for k, v in stats.items()}
         stats.update(
             logprob_gap_vs_engine=gap_sum / max(gap_n, 1), trained_tokens=float(total_tokens),
-            grad_norm=float(self.engine.get_global_grad_norm() or 0.0),
+            grad_norm=float(self.engine.get_global_grad_norm() or 0.0), skipped_nonfinite=float(skipped),
         )
+        self.skipped_nonfinite += skipped
         return _allreduce_mean(stats, self.world_size) if self.world_size > 1 else stats
 
     # ------------------------------------------------------------------ weights and state
