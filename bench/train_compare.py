@@ -6,8 +6,23 @@ informed predictor is fitted on before RL. For each seed and method: train from 
 policy with the same per-step budget, log every step's contrast figures, and measure **pool
 success** (mean success over the whole pool, k samples per prompt, one seed for every method) at
 the start, at ``--pool-mid`` and at the end. ``trace`` is the informed TRACE (its predictor fitted
-on the warm-up split first), ``trace-cold`` the same without the warm-up; PCL and the ablations
-are informed. One process and one vLLM engine serve every run.
+on the warm-up split first), ``trace-cold`` the same without the warm-up; PCL, the ablations and
+the posterior-aware TRACE roots (``trace-posterior``, ``trace-posterior-thompson``) are informed;
+GRESO (history filter) and DAPO (rounds with a group filter) read no predictor. One process and
+one vLLM engine serve every run.
+
+Every figure counts every rollout spent: DAPO's dropped groups are in its rollouts, its effective
+ratio and its rollouts per mixed group (every rollout spent over the mixed groups trained on),
+and pool success is plotted against the rollouts actually consumed (DAPO may stop a step short
+of M(1+N)).
+
+Each finished run writes ``<out-dir>/<variant>-seed<seed>/bench_record.json`` (what it measured,
+the git commit and the settings). A rerun reuses a record whose commit and settings match, so
+the benchmark resumes where it stopped and a new method is added without rerunning the others;
+``--fresh`` reruns everything, and ``--any-commit`` also reuses records made at another commit
+with the same settings (after a commit that added a method, say; the output lists each reused
+record's commit). A run folder without a record resumes from its last checkpoint when it was
+started with the same commit and settings, and starts over otherwise.
 
 Targets (fixed before any run): TRACE's effective ratio >= 1.8x GRPO's; contrastive yield >=
 1.5x GRPO's; on effective ratio trace > each single ablation > treepo; TRACE reaches GRPO's final
@@ -18,13 +33,17 @@ Examples:
 
     python bench/train_compare.py --testbed runs/testbed            # the full run (~1-2 h)
     python bench/train_compare.py --testbed runs/testbed --quick    # grpo and trace, one seed
+    python bench/train_compare.py --testbed runs/testbed --quick --methods grpo trace dapo greso
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,13 +54,108 @@ os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
 import numpy as np  # noqa: E402
 
-# name -> (registry method, predictor warm-up?)
+# name -> (registry method, predictor warm-up?); informed wherever the method reads the predictor
 VARIANTS = {"grpo": ("grpo", False), "pcl": ("pcl", True), "treepo": ("treepo", False), "trace": ("trace", True),
             "trace-cold": ("trace", False), "trace-root-only": ("trace-root-only", True),
-            "trace-prefix-only": ("trace-prefix-only", True)}
+            "trace-prefix-only": ("trace-prefix-only", True), "greso": ("greso", False), "dapo": ("dapo", False),
+            "trace-posterior": ("trace-posterior", True),
+            "trace-posterior-thompson": ("trace-posterior-thompson", True)}
 ABLATIONS = ("trace-root-only", "trace-prefix-only")
 ROW_KEYS = ("effective_ratio", "contrastive_yield", "mixed_groups_per_100_rollouts", "rollouts_per_mixed_group",
             "prefix_effective_ratio", "alloc/skipped_share", "budget/generated_tokens")
+COUNT_KEYS = ("counts/rollouts", "counts/mixed_groups", "counts/mixed_groups_trained", "counts/activated",
+              "counts/dropped_groups", "counts/dropped_rollouts")
+TABLE = ["method", "effective_ratio", "contrastive_yield", "rollouts_per_mixed_group", "mixed_groups_per_100_rollouts",
+         "prefix_effective_ratio", "skipped_share", "dropped_rollouts", "pool_success_start", "pool_success_end",
+         "rollouts", "warmup_rollouts"]
+RECORD = "bench_record.json"  # a finished run's record: run_one's result, the commit and the settings
+STARTED = "bench_settings.json"  # the commit and settings a run folder was started with
+
+
+# ============================================================================ the record cache
+def git_commit() -> str | None:
+    """The checked-out commit (None outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def run_settings(variant: str, seed: int, args, testbed_hash: str) -> dict:
+    """Everything a run's figures depend on besides the code: a record is reused only when these
+    and the commit match. (Whether the run measured the shared step-0 pool success itself or was
+    handed it does not change its record.)"""
+    method, informed = VARIANTS[variant]
+    config = Path(args.config)
+    return {"variant": variant, "method": method, "informed": informed, "seed": seed, "steps": args.steps,
+            "pool_mid": args.pool_mid, "pool_k": args.pool_k, "roots_M": args.roots_M,
+            "expansion_N": args.expansion_N, "group_size_G": 8, "max_m": args.max_m,
+            "testbed": str(Path(args.testbed).resolve()), "testbed_hash": testbed_hash,
+            "config": str(config),
+            "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
+            "data": args.data, "index": args.index}
+
+
+def cached_run(folder: Path, commit: str | None, settings: dict, fresh: bool, any_commit: bool = False
+               ) -> dict | None:
+    """The record in ``folder`` if it may be reused (same settings, and the same commit unless
+    ``any_commit``); otherwise None, and the folder is made ready for a run: kept when it was
+    started with this commit and these settings and never finished (the trainer resumes from its
+    checkpoint), emptied otherwise (and always with ``fresh``)."""
+    def matches(path: Path, other_commits: bool) -> dict | None:
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        same_code = other_commits or (commit is not None and data.get("commit") == commit)
+        return data if same_code and data.get("settings") == settings else None
+
+    if not fresh:
+        record = matches(folder / RECORD, any_commit)
+        if record is not None:
+            return record
+        if not (folder / RECORD).is_file() and matches(folder / STARTED, False) is not None:
+            return None  # an interrupted run with this commit and these settings: resume it
+    shutil.rmtree(folder, ignore_errors=True)
+    return None
+
+
+def tree_is_dirty() -> bool:
+    """Whether tracked code under trace_core/, bench/ or configs/ differs from the commit."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "trace_core", "bench",
+                              "configs"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parents[1])
+    except (OSError, subprocess.CalledProcessError):
+        return True
+    return bool(out.stdout.strip())
+
+
+# ============================================================================ one run
+class SharedEngine:
+    """The one vLLM engine every run shares, started by the first run that needs it (a rerun whose
+    runs all have records starts none)."""
+
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+        self._engine = None
+
+    def get(self):
+        if self._engine is None:
+            import torch
+
+            from trace_core.rollout.engine import EngineConfig
+            from trace_core.rollout.vllm_engine import VLLMEngine
+
+            torch.set_num_threads(1)
+            self._engine = VLLMEngine(EngineConfig(model_path=self.policy, max_model_len=2048,
+                                                   kv_cache_bytes=256 << 20))
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
 
 
 def run_one(variant: str, seed: int, args, engine, start_record: dict | None) -> dict:
@@ -69,16 +183,36 @@ def run_one(variant: str, seed: int, args, engine, start_record: dict | None) ->
     history = trainer.state.history or {}
     pool = sorted(([start_record] if start_record else []) + list(summary["pool_success"]), key=lambda r: r["step"])
     return {"variant": variant, "method": method, "seed": seed, "wall_s": time.perf_counter() - t0,
-            "series": {k: history.get(k, []) for k in (*ROW_KEYS, "reward/mean", "counts/rollouts",
-                                                        "counts/mixed_groups", "counts/activated")},
+            "series": {k: history.get(k, []) for k in (*ROW_KEYS, "reward/mean", *COUNT_KEYS)},
             "pool_success": pool, "warmup_rollouts": (summary["warmup"] or {}).get("rollouts", 0.0),
             "rollouts_per_step": cfg.budget.spec().total, "cost_fractions": summary["cost_fractions"]}
 
 
+def run_or_reuse(variant: str, seed: int, args, engine: SharedEngine, start_record: dict | None, commit: str | None,
+                 testbed_hash: str) -> tuple[dict, str | None]:
+    """A run's result and, when it came from a record, the commit that record was made at (None:
+    it ran now and wrote its record)."""
+    folder = Path(args.out_dir) / f"{variant}-seed{seed}"
+    settings = run_settings(variant, seed, args, testbed_hash)
+    cached = cached_run(folder, commit, settings, args.fresh, args.any_commit)
+    if cached is not None:
+        return cached["run"], str(cached.get("commit"))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / STARTED).write_text(json.dumps({"commit": commit, "settings": settings}, indent=1))
+    run = run_one(variant, seed, args, engine.get(), start_record)
+    record = json.dumps({"commit": commit, "dirty": tree_is_dirty(), "settings": settings, "run": run}, indent=1,
+                        default=float)
+    (folder / f".{RECORD}.tmp").write_text(record)
+    os.replace(folder / f".{RECORD}.tmp", folder / RECORD)  # a record is whole or absent
+    return run, None
+
+
 def pool_curve(run: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(training rollouts consumed, pool success) at the measured steps."""
-    steps = np.array([r["step"] for r in run["pool_success"]], dtype=float)
-    return steps * run["rollouts_per_step"], np.array([r["success"] for r in run["pool_success"]])
+    """(training rollouts consumed, pool success) at the measured steps: the rollouts the steps
+    before each measurement actually spent (a round rule may spend less than M(1+N) a step)."""
+    steps = [int(r["step"]) for r in run["pool_success"]]
+    spent = np.concatenate([[0.0], np.cumsum(run["series"]["counts/rollouts"])])
+    return spent[steps], np.array([r["success"] for r in run["pool_success"]])
 
 
 def rollouts_to_reach(run: dict, target: float) -> float | None:
@@ -109,9 +243,19 @@ def summarise(runs: list[dict], variants: list[str], pool_k: int, pool_size: int
             name = key.split("/")[-1]
             row[name] = float(np.mean(per_seed))
             row[f"{name}_std"] = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else None
+        # The price of contrast pooled over the steps, as counts: every rollout spent (dropped
+        # groups included) over the mixed groups the policy trained on, and mixed groups per 100.
+        rollouts = [float(sum(r["series"]["counts/rollouts"])) for r in mine]
+        mixed = [float(sum(r["series"]["counts/mixed_groups_trained"])) for r in mine]
+        per_group = [n / k if k else float("nan") for n, k in zip(rollouts, mixed, strict=True)]
+        per_100 = [100 * k / n if n else float("nan") for n, k in zip(rollouts, mixed, strict=True)]
+        for name, values in (("rollouts_per_mixed_group", per_group), ("mixed_groups_per_100_rollouts", per_100)):
+            row[name] = float(np.mean(values))
+            row[f"{name}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else None
+        row["dropped_rollouts"] = float(np.mean([sum(r["series"]["counts/dropped_rollouts"]) for r in mine]))
         row["pool_success_start"] = float(np.mean([r["pool_success"][0]["success"] for r in mine]))
         row["pool_success_end"] = float(np.mean([r["pool_success"][-1]["success"] for r in mine]))
-        row["rollouts"] = float(np.mean([sum(r["series"]["counts/rollouts"]) for r in mine]))
+        row["rollouts"] = float(np.mean(rollouts))
         row["warmup_rollouts"] = float(np.mean([r["warmup_rollouts"] for r in mine]))
         reach = [rollouts_to_reach(r, grpo_final) for r in mine]
         row["rollouts_to_grpo_final"] = (None if any(x is None for x in reach) else
@@ -179,8 +323,12 @@ def main() -> None:
     ap.add_argument("--testbed", default="runs/testbed",
                     help="a testbed warm start's folder (policy/, pool.jsonl, warmup.jsonl, testbed.json): "
                          "python -m trace_core.warmstart --testbed --out runs/testbed ...")
-    ap.add_argument("--methods", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    ap.add_argument("--quick", action="store_true", help="grpo and trace, one seed, 4 steps")
+    ap.add_argument("--methods", nargs="+", choices=list(VARIANTS), default=None,
+                    help="variants to run (default: all of them; with --quick: grpo and trace)")
+    ap.add_argument("--quick", action="store_true", help="one seed, 4 steps (grpo and trace unless --methods)")
+    ap.add_argument("--fresh", action="store_true", help="rerun every run, ignoring the records of earlier ones")
+    ap.add_argument("--any-commit", action="store_true",
+                    help="reuse records with the same settings made at another commit too")
     ap.add_argument("--config", default="configs/testbed.yaml")
     ap.add_argument("--data", default="data")
     ap.add_argument("--index", default="artifacts/qa_index")
@@ -196,7 +344,7 @@ def main() -> None:
     ap.add_argument("--out-dir", default="runs/bench_train_compare")
     ap.add_argument("--out", type=Path, default=Path("bench/results/train_compare.json"))
     args = ap.parse_args()
-    variants = ["grpo", "trace"] if args.quick else list(args.methods)
+    variants = list(args.methods) if args.methods else (["grpo", "trace"] if args.quick else list(VARIANTS))
     if not {"grpo", "trace"} <= set(variants):
         raise SystemExit(f"--methods must include grpo and trace (the targets compare them), got {variants}")
     if args.quick:
@@ -206,34 +354,31 @@ def main() -> None:
     spread = json.loads(frozen.read_text()) if frozen.is_file() else {}
     testbed["spread"] = spread.get("spread") if spread.get("hash") == testbed["hash"] else None
 
-    import torch
-
-    from trace_core.rollout.engine import EngineConfig
-    from trace_core.rollout.vllm_engine import VLLMEngine
-
-    torch.set_num_threads(1)
-    engine = VLLMEngine(EngineConfig(model_path=f"{args.testbed}/policy", max_model_len=2048,
-                                     kv_cache_bytes=256 << 20))
+    engine = SharedEngine(f"{args.testbed}/policy")
     t0 = time.perf_counter()
+    commit = git_commit()
     runs: list[dict] = []
+    reused: dict[str, str] = {}  # run -> the commit its record was made at
     start: dict | None = None  # the pool success at step 0: the same policy and seeds for every run
     for seed in args.seeds:
         for v in variants:
             if v in (*ABLATIONS, "treepo") and args.ablation_seeds is not None and seed not in args.ablation_seeds:
                 continue
-            runs.append(run_one(v, seed, args, engine, start))
-            start = start or runs[-1]["pool_success"][0]
-            print(f"{v} seed {seed}: effective ratio {np.nanmean(runs[-1]['series']['effective_ratio']):.3f}, "
-                  f"pool success {runs[-1]['pool_success'][0]['success']:.3f} -> "
-                  f"{runs[-1]['pool_success'][-1]['success']:.3f} ({runs[-1]['wall_s']:.0f} s)", flush=True)
+            run, made_at = run_or_reuse(v, seed, args, engine, start, commit, testbed["hash"])
+            runs.append(run)
+            if made_at is not None:
+                reused[f"{v}-seed{seed}"] = made_at
+            start = start or run["pool_success"][0]
+            print(f"{v} seed {seed}: effective ratio {np.nanmean(run['series']['effective_ratio']):.3f}, "
+                  f"pool success {run['pool_success'][0]['success']:.3f} -> "
+                  f"{run['pool_success'][-1]['success']:.3f} ({run['wall_s']:.0f} s"
+                  f"{'' if made_at is None else f', from its record (commit {made_at[:10]})'})", flush=True)
     engine.close()
     rows, pool = summarise(runs, variants, args.pool_k, len(testbed["pool"]))
     targets = judge(rows, pool)
     from bench_tables import print_table
 
-    print_table(rows, ["method", "effective_ratio", "contrastive_yield", "mixed_groups_per_100_rollouts",
-                       "rollouts_per_mixed_group", "prefix_effective_ratio", "skipped_share",
-                       "pool_success_start", "pool_success_end", "rollouts", "warmup_rollouts"])
+    print_table(rows, TABLE)
     for name, verdict in targets.items():
         print(f"  {name}: {verdict}")
     by = {r["method"]: r for r in rows}
@@ -243,9 +388,10 @@ def main() -> None:
                                            "pool_success_end")))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "command": " ".join(["python", *sys.argv]), "testbed": {"hash": testbed["hash"], "spread": testbed.get(
-            "spread")}, "budget": {"M": args.roots_M, "N": args.expansion_N, "G": 8, "steps": args.steps,
-                                   "seeds": args.seeds, "pool_k": args.pool_k},
+        "command": " ".join(["python", *sys.argv]), "commit": commit, "reused_records": reused,
+        "testbed": {"hash": testbed["hash"], "spread": testbed.get("spread")},
+        "budget": {"M": args.roots_M, "N": args.expansion_N, "G": 8, "steps": args.steps, "seeds": args.seeds,
+                   "pool_k": args.pool_k},
         "rows": rows, "pool_success_measurement": pool, "targets": targets,
         "series": {f"{r['variant']}/seed{r['seed']}": {**r["series"], "pool_success": r["pool_success"]}
                    for r in runs}, "wall_s": time.perf_counter() - t0}, indent=1, default=float))
