@@ -4,6 +4,13 @@
     prompt-local prefix expansion → rewards → tree-backed targets → predictor update →
     tree-aware advantages → policy update → weights to the rollout engine → checkpoint → log
 
+Two method properties change the middle of that line, never the method's name: a history rule
+(``method.reads_history``: GRESO, the posterior-aware roots) reads the run's
+:class:`~trace_core.history.PromptHistory` of bare root outcomes, which every step records and
+every checkpoint keeps; a round rule (``method.samples_in_rounds``: DAPO) replaces allocation and
+expansion by rounds of bare groups and a group filter, whose dropped groups are paid for (budget,
+rollouts, effective ratio) but not trained on.
+
 A step is logged only after its checkpoint is written, and the tracker's spool resends what a
 crash left unsent, so a resumed run continues the same MLflow run with no step missing or twice.
 """
@@ -395,7 +402,7 @@ class Trainer:
             "reward/response_tokens": rs_all.mean_response_tokens,
             "reward/turns": rs_all.mean_turns,
             "reward/tool_error_rate": rs_all.tool_error_rate,
-            "history/prompts": float(len(self.prompt_history)),
+            "history/prompts": float(len(self.prompt_history)),  # prompts with a record when this step allocated
         }
         for b, kk in enumerate(alloc.k_by_position):
             metrics[f"alloc/k_position_bin{b}"] = float(kk)
