@@ -121,6 +121,16 @@ def cached_run(folder: Path, commit: str | None, settings: dict, fresh: bool, an
     return None
 
 
+def existing_record(folder: Path, commit: str | None, settings: dict, any_commit: bool) -> dict | None:
+    """The reusable record in ``folder``, read only (nothing is removed)."""
+    path = folder / RECORD
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    same_code = any_commit or (commit is not None and data.get("commit") == commit)
+    return data if same_code and data.get("settings") == settings else None
+
+
 def tree_is_dirty() -> bool:
     """Whether tracked code under trace_core/, bench/ or configs/ differs from the commit."""
     try:
@@ -329,6 +339,11 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="rerun every run, ignoring the records of earlier ones")
     ap.add_argument("--any-commit", action="store_true",
                     help="reuse records with the same settings made at another commit too")
+    ap.add_argument("--runs-only", action="store_true",
+                    help="run (or reuse) the runs and write their records, no table: for runs split over "
+                         "processes, combined afterwards with --reuse-only")
+    ap.add_argument("--reuse-only", action="store_true",
+                    help="run nothing: the table of every requested run that has a matching record")
     ap.add_argument("--config", default="configs/testbed.yaml")
     ap.add_argument("--data", default="data")
     ap.add_argument("--index", default="artifacts/qa_index")
@@ -345,7 +360,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results/train_compare.json"))
     args = ap.parse_args()
     variants = list(args.methods) if args.methods else (["grpo", "trace"] if args.quick else list(VARIANTS))
-    if not {"grpo", "trace"} <= set(variants):
+    if not args.runs_only and not {"grpo", "trace"} <= set(variants):
         raise SystemExit(f"--methods must include grpo and trace (the targets compare them), got {variants}")
     if args.quick:
         args.seeds, args.steps, args.pool_mid = args.seeds[:1], 4, 2
@@ -364,6 +379,12 @@ def main() -> None:
         for v in variants:
             if v in (*ABLATIONS, "treepo") and args.ablation_seeds is not None and seed not in args.ablation_seeds:
                 continue
+            if args.reuse_only:
+                record = existing_record(Path(args.out_dir) / f"{v}-seed{seed}", commit,
+                                         run_settings(v, seed, args, testbed["hash"]), args.any_commit)
+                if record is None:
+                    print(f"{v} seed {seed}: no matching record, left out", flush=True)
+                    continue
             run, made_at = run_or_reuse(v, seed, args, engine, start, commit, testbed["hash"])
             runs.append(run)
             if made_at is not None:
@@ -374,6 +395,10 @@ def main() -> None:
                   f"{run['pool_success'][-1]['success']:.3f} ({run['wall_s']:.0f} s"
                   f"{'' if made_at is None else f', from its record (commit {made_at[:10]})'})", flush=True)
     engine.close()
+    if args.runs_only:
+        print(f"{len(runs)} run records in {args.out_dir} ({time.perf_counter() - t0:.0f} s)")
+        return
+    variants = [v for v in variants if any(r["variant"] == v for r in runs)]
     rows, pool = summarise(runs, variants, args.pool_k, len(testbed["pool"]))
     targets = judge(rows, pool)
     from bench_tables import print_table
