@@ -25,6 +25,7 @@ class RunFigures:
     steps: int
     activated: int  # prompts that got rollouts, over all steps
     mixed_groups: int  # of those, prompts whose tree held both a success and a failure
+    mixed_groups_trained: int  # of those, the ones trained on (a group filter may drop mixed groups past its target)
     expanded_anchors: int
     mixed_anchors: int
     rollouts: int  # training rollouts (bare + continuations), over all steps
@@ -58,7 +59,9 @@ class RunFigures:
 
     @property
     def rollouts_per_mixed_group(self) -> float:
-        return self.rollouts / self.mixed_groups if self.mixed_groups else math.nan
+        """Every rollout spent per mixed group trained on: what filling a batch with informative
+        groups cost (dropped groups' rollouts included)."""
+        return self.rollouts / self.mixed_groups_trained if self.mixed_groups_trained else math.nan
 
     @property
     def pool_success_start(self) -> float:
@@ -84,6 +87,8 @@ def run_figures(method: str, history: Mapping[str, Sequence[float]], pool_succes
     return RunFigures(
         method=method, steps=len(history.get("effective_ratio", [])),
         activated=total("counts/activated"), mixed_groups=total("counts/mixed_groups"),
+        mixed_groups_trained=total("counts/mixed_groups_trained" if "counts/mixed_groups_trained" in history
+                                   else "counts/mixed_groups"),
         expanded_anchors=total("counts/expanded_anchors"), mixed_anchors=total("counts/mixed_anchors"),
         rollouts=total("counts/rollouts"), generated_tokens=float(sum(history.get("budget/generated_tokens", []))),
         contrastive_yield=_mean(history.get("contrastive_yield", [])),
