@@ -365,7 +365,8 @@ def test_scripted_policy_scores_match_hand_computed_values_and_log_to_mlflow(
     assert run.data.metrics["eval/kbqa/f1"] == pytest.approx(2 / 3)
     assert run.data.metrics["eval/avg/math/out_of_domain/pass_at_1"] == pytest.approx(3 / 8)
     assert [h.step for h in client.get_metric_history(tracker.run_id, "eval/bfcl_base/greedy_acc")] == [7]
-    assert run.data.params["eval/scripted/samples"] == "4" and run.data.tags["trace.kind"] == "evaluation"
+    assert run.data.params["eval/samples"] == "4" and run.data.tags["trace.kind"] == "evaluation"
+    assert not any(k.startswith("eval/scripted/") for k in run.data.params)  # names shared by every method's run
     files = {f.path for f in client.list_artifacts(tracker.run_id, "eval/scripted")}
     assert files == {"eval/scripted/examples.jsonl", "eval/scripted/summary.md", "eval/scripted/result.json"}
     logged = Path(client.download_artifacts(tracker.run_id, "eval/scripted/examples.jsonl", str(tmp_path)))

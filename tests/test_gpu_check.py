@@ -28,9 +28,14 @@ def _norm(name: str) -> str:
 def bare_site(out: Path, roots: tuple[str, ...]) -> set[str]:
     """A directory of links to exactly ``roots`` and their requirements (no extras): run with
     ``python -S`` and this on PYTHONPATH, nothing else of this environment is importable."""
+    import sysconfig
+
     from packaging.requirements import Requirement
 
-    dists = {_norm(d.metadata["Name"]): d for d in md.distributions()}
+    # Only this environment's site-packages: a path another test put on sys.path (a vendored or
+    # temporary package folder) must not stand in for the environment's own distribution.
+    where = list(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+    dists = {_norm(d.metadata["Name"]): d for d in md.distributions(path=where)}
     seen: set[str] = set()
     stack = [_norm(r) for r in roots]
     while stack:
