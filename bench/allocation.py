@@ -270,10 +270,10 @@ def main() -> None:
     roots_beta = [r for r in results["roots_beta"] if "solver" not in r]
 
     print_table("Exactness on random small instances (objective gap to brute force)", brute + beta_brute)
-    print_table("Root allocation (SPEC §2), Beta(0.15, 0.15) values, budget 2B", roots)
+    print_table("Root allocation (method §2), Beta(0.15, 0.15) values, budget 2B", roots)
     print_table("Posterior-aware root allocation (allocate_roots_beta; thompson_s: allocate_roots_thompson), "
                 "Beta posteriors, budget 2B", roots_beta)
-    print_table("Prefix allocation (SPEC §3), uniform p, budget 2A", prefixes)
+    print_table("Prefix allocation (method §3), uniform p, budget 2A", prefixes)
 
     at4096 = next((r for r in roots if r["B"] == 4096), None)
     at100k = next((r for r in roots if r["B"] == 100_000), None)

@@ -1,5 +1,5 @@
 """Contrast benchmark on the simulator: at equal total budget M(1+N), the
-effective ratio, prefix effective ratio, contrastive yield (SPEC §7) and rollouts per mixed group
+effective ratio, prefix effective ratio, contrastive yield (method §7) and rollouts per mixed group
 of GRPO (G = 8), PCL, TreePO, TRACE with an oracle, a noisy and a learned predictor, both
 ablations, the history-based baselines GRESO and DAPO, and the posterior-aware TRACE roots (exact
 and Thompson) — in both simulator modes: fresh i.i.d. prompts every step, and a persistent pool

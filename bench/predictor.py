@@ -1,4 +1,4 @@
-"""Success-predictor benchmark (SPEC §5).
+"""Success-predictor benchmark (method §5).
 
 Three parts, all on simulator trees (trace_core/sim.py) given synthetic token ids:
 

@@ -1,4 +1,4 @@
-"""profile: the cost breakdown of a training run — where the wall time went, per phase (SPEC §7)."""
+"""profile: the cost breakdown of a training run — where the wall time went, per phase (method §7)."""
 
 from kfp import dsl
 from kfp.dsl import Artifact, Input, Markdown, Model, Output

@@ -1,4 +1,4 @@
-"""Tests for trace_core.advantages (SPEC §6)."""
+"""Tests for trace_core.advantages (method §6)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def run(tree: RolloutTree, turns: int, reward: float, branch: int = ROOT, kind: 
 
 
 def naive_tree_advantages(tree: RolloutTree, scale_by_std: bool = True) -> np.ndarray:
-    """SPEC §6 read literally, node by node, walking each node's path (a reference)."""
+    """method §6 read literally, node by node, walking each node's path (a reference)."""
     u = tree.branch_uniform_values()
     out = np.zeros(len(tree.nodes))
     for y in range(1, len(tree.nodes)):
@@ -77,7 +77,7 @@ def test_tree_equals_grpo_on_root_only_trees(trajs: list[tuple[int, float]], sca
     tree = RolloutTree("p")
     node_sets = []
     for i, (turns, reward) in enumerate(trajs):
-        # odd ones are SPEC §3's extra root rollouts (continuations from the root)
+        # odd ones are method §3's extra root rollouts (continuations from the root)
         node_sets.append(run(tree, turns, reward, kind="bare" if i % 2 == 0 else "continuation"))
     rewards = np.array([r for _, r in trajs])
     tree_adv = tree_advantages(tree, scale_by_std=scale_by_std)
@@ -105,7 +105,7 @@ def test_matches_literal_reference_on_random_trees() -> None:
             )
 
 
-# ---------------------------------------------------------------------------- SPEC §6 examples
+# ---------------------------------------------------------------------------- method §6 examples
 def worked_example() -> tuple[RolloutTree, list[int], list[int], list[list[int]]]:
     """Bare A succeeds and gets 10 successful continuations from its anchor; bare B fails."""
     tree = RolloutTree("p")

@@ -1,4 +1,4 @@
-"""SPEC §2–§4 allocators against brute force, the DP, and every bad-input rule."""
+"""method §2–§4 allocators against brute force, the DP, and every bad-input rule."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_root_value_definition() -> None:
 
 
 def test_spec_counterexamples_to_greedy() -> None:
-    # SPEC §2: greedy by gain per rollout picks (4, 0) = 0.875 < (2, 2) = 0.98.
+    # method §2: greedy by gain per rollout picks (4, 0) = 0.875 < (2, 2) = 0.98.
     m = allocate_roots([0.5, 0.4], 4)
     assert root_objective([0.5, 0.4], m) == pytest.approx(0.98)
     # Greedy by step gain picks (3, 2) = 0.93 < (5, 0) = 0.9375.

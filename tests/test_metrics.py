@@ -1,4 +1,4 @@
-"""Tests for trace_core.metrics (SPEC §7)."""
+"""Tests for trace_core.metrics (method §7)."""
 
 from __future__ import annotations
 
@@ -225,7 +225,7 @@ def test_anchor_allocation_from_trees_and_token_budget() -> None:
     run(anchorless, 1, 1.0)  # one-turn bare rollout, not expanded: contributes no entry
     single = RolloutTree("r")
     run(single, 1, 1.0)
-    run(single, 1, 0.0, kind="continuation")  # SPEC §3: the budget went to the root
+    run(single, 1, 0.0, kind="continuation")  # method §3: the budget went to the root
     run(single, 1, 1.0, kind="continuation")
     k, pos = anchor_allocation([tree, anchorless, single])
     np.testing.assert_array_equal(k, [0, 2, 1, 0, 2])

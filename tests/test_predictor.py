@@ -1,4 +1,4 @@
-"""Tests of the success predictor (SPEC §5): tree-packed scoring, online update, state, guard."""
+"""Tests of the success predictor (method §5): tree-packed scoring, online update, state, guard."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rollout tree: structure, anchors, SPEC §5 targets, SPEC §6 branch-uniform values, serialization."""
+"""Rollout tree: structure, anchors, method §5 targets, method §6 branch-uniform values, serialization."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Advantage estimators over rollout trees (SPEC §6).
+"""Advantage estimators over rollout trees (method §6).
 
 Every estimator maps a batch of rollout trees to one float array per tree, indexed by node id:
 the advantage of each generated turn node. A node is trained once (the tree is packed, shared
@@ -8,7 +8,7 @@ prefixes are not repeated per leaf), so the advantage lives on the node, and
 Estimators, chosen by name through :func:`get_advantage_estimator`:
 
 ``"tree"``
-    SPEC §6's tree-aware advantage: each node is compared with the siblings of its branch at
+    method §6's tree-aware advantage: each node is compared with the siblings of its branch at
     its nearest branching ancestor, using branch-uniform values ``U`` and the unbiased std.
 ``"tree-no-std"``
     The same without the std divisor (Dr. GRPO style).
@@ -16,7 +16,7 @@ Estimators, chosen by name through :func:`get_advantage_estimator`:
     Plain GRPO over the trajectories of a root-only tree (every trajectory starts at the root).
     On such trees it equals ``"tree"``; on a tree with continuations it is undefined and raises.
 ``"treepo"``
-    The TreePO baseline's advantage (Li et al. 2025) as SPEC §6 states it: a size-weighted
+    The TreePO baseline's advantage (Li et al. 2025) as method §6 states it: a size-weighted
     average of leaf-vs-subgroup differences over the leaf's branching ancestors, whitened over
     the batch; a shared node takes the mean over the leaves below it.
 
@@ -36,18 +36,18 @@ import numpy as np
 
 from trace_core.tree import ROOT, RolloutTree
 
-EPS = 1e-6  # SPEC §6's ε in the std divisor
+EPS = 1e-6  # method §6's ε in the std divisor
 # A group whose values differ by at most this (relative to max(1, |value|)) is uniform: such a
 # spread is float rounding of U's means (mean(0.1, 0.1, 0.1) != 0.1), not contrast.
 UNIFORM_RTOL = 1e-12
 
 
-# ---------------------------------------------------------------------------- tree-aware (SPEC §6)
+# ---------------------------------------------------------------------------- tree-aware (method §6)
 def branch_groups(tree: RolloutTree) -> tuple[np.ndarray, np.ndarray]:
     """For every node ``y``, its nearest branching ancestor ``a(y)`` and the child ``c_y`` of
     ``a(y)`` on the path to ``y``.
 
-    A branching node is the root or a node with ≥ 2 children (SPEC §6). Returns two int64
+    A branching node is the root or a node with ≥ 2 children (method §6). Returns two int64
     arrays indexed by node id; both are -1 at the root. One forward sweep suffices because a
     parent's id is smaller than its children's.
     """
@@ -64,7 +64,7 @@ def branch_groups(tree: RolloutTree) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tree_advantages(tree: RolloutTree, scale_by_std: bool = True, eps: float = EPS) -> np.ndarray:
-    """SPEC §6's tree-aware advantage of every node of ``tree`` (0.0 at the root).
+    """method §6's tree-aware advantage of every node of ``tree`` (0.0 at the root).
 
     ``A(y) = (U(c_y) − mean_{c∈C(a)} U(c)) / (std_{c∈C(a)} U(c) + ε)`` with ``a = a(y)``,
     ``U`` the branch-uniform value (:meth:`RolloutTree.branch_uniform_values`) and the unbiased
@@ -111,7 +111,7 @@ def grpo_advantages(tree: RolloutTree, scale_by_std: bool = True, eps: float = E
     trajectories (unbiased std), given to every node of trajectory ``j``; 0.0 at the root and
     for a tree with fewer than two trajectories or uniform rewards.
 
-    Root-only means every trajectory starts at the root (bare rollouts, and SPEC §3's extra root
+    Root-only means every trajectory starts at the root (bare rollouts, and method §3's extra root
     rollouts of an anchorless prompt). On a tree with continuations a shared node belongs to
     several outcomes and per-trajectory GRPO is undefined: that raises ValueError.
     """
@@ -152,7 +152,7 @@ def treepo_leaf_scores(tree: RolloutTree) -> dict[int, float]:
 
     Over the leaf's ancestors ``g`` that are branching nodes (root or ≥ 2 children) with
     ``n_g ≥ 2`` leaves below, the average of ``r_leaf − V̂(g)`` weighted by ``n_g``; ``V̂(g)`` is
-    the mean reward of the leaves under ``g`` (SPEC §5's tree value). A leaf with no such
+    the mean reward of the leaves under ``g`` (method §5's tree value). A leaf with no such
     ancestor (the only leaf of its tree) has no group and is left out of the result.
     """
     n = tree.leaf_counts()
@@ -170,7 +170,7 @@ def treepo_leaf_scores(tree: RolloutTree) -> dict[int, float]:
 
 
 def treepo_advantages(trees: Sequence[RolloutTree], eps: float = EPS) -> list[np.ndarray]:
-    """TreePO's advantage for a batch of trees (SPEC §6's alternative for the TreePO baseline).
+    """TreePO's advantage for a batch of trees (method §6's alternative for the TreePO baseline).
 
     1. Each leaf gets its raw score (:func:`treepo_leaf_scores`).
     2. The scores are whitened over the whole batch: ``(s − mean) / (std + ε)`` with the
@@ -223,7 +223,7 @@ class TokenAdvantages:
 
 
 def token_advantages(tree: RolloutTree, advantages: np.ndarray) -> TokenAdvantages:
-    """Spread per-node ``advantages`` over the tree's packed tokens (SPEC §6: shared prefix
+    """Spread per-node ``advantages`` over the tree's packed tokens (method §6: shared prefix
     tokens are trained once). Masked tokens (prompt, observations) get 0.0."""
     advantages = np.asarray(advantages, dtype=np.float64)
     if advantages.shape != (len(tree.nodes),):

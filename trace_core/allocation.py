@@ -1,11 +1,11 @@
-"""Budgeted rollout allocation: SPEC §2 (global roots), §3 (local prefixes), §4 (baselines).
+"""Budgeted rollout allocation: method §2 (global roots), §3 (local prefixes), §4 (baselines).
 
 Everything here is numpy in, numpy out. The two TRACE solvers are exact; their reference
 implementations (`allocate_roots_dp`, `allocate_prefixes_greedy`) exist for tests and benchmarks
 and are never used as a silent fallback. The posterior-aware root solver
 (`allocate_roots_beta`) is the same exact solver on a Beta posterior per prompt.
 
-Beside the SPEC §4 baselines, the registry holds methods that remember prompts across steps
+Beside the method §4 baselines, the registry holds methods that remember prompts across steps
 (GRESO, the posterior-aware TRACE roots: a *history rule* reading a
 :class:`~trace_core.history.HistoryView`) and one that samples in rounds (DAPO's dynamic
 sampling: a *round rule*). Each is a field of :class:`Method`; nothing reads a method's name.
@@ -22,8 +22,8 @@ import numpy as np
 
 from trace_core.history import GresoConfig, HistoryView, PosteriorConfig, beta_posterior, greso_keep
 
-# Unit gains closer than this are treated as equal when the tie rules apply (SPEC §2 "Ties").
-# With at most ~1e3 tied units per step the objective moves by < 1e-9, the tolerance SPEC uses.
+# Unit gains closer than this are treated as equal when the tie rules apply (method §2 "Ties").
+# With at most ~1e3 tied units per step the objective moves by < 1e-9, far below any objective gap the tests resolve.
 GAIN_TIE_TOL = 1e-12
 # allocate_prefixes stops bisecting once this few units lie between its brackets.
 _FINISH_UNITS = 1 << 16
@@ -48,7 +48,7 @@ def _as_int(x: object, name: str) -> int:
 
 
 def check_root_budget(num_prompts: int, budget: int, max_per_prompt: int) -> None:
-    """Raise ValueError for every infeasible case of SPEC §2, naming the numbers."""
+    """Raise ValueError for every infeasible case of method §2, naming the numbers."""
     budget = _as_int(budget, "budget")
     max_per_prompt = _as_int(max_per_prompt, "max_per_prompt")
     if max_per_prompt < 2:
@@ -68,11 +68,11 @@ def check_root_budget(num_prompts: int, budget: int, max_per_prompt: int) -> Non
         raise ValueError(f"budget = {budget} is odd but max_per_prompt = 2 allows only m_i in {{0, 2}}")
 
 
-# ============================================================================ SPEC §2: roots
+# ============================================================================ method §2: roots
 def root_value(v: object, m: object) -> np.ndarray:
     """Activation probability ``V_root(v, m) = 1 − v^m − (1 − v)^m`` for m ≥ 2, and 0 for m < 2.
 
-    The literal formula gives −1 at m = 0; a skipped prompt contributes nothing (SPEC §2)."""
+    The literal formula gives −1 at m = 0; a skipped prompt contributes nothing (method §2)."""
     v = np.asarray(v, dtype=np.float64)
     m = np.asarray(m)
     if np.any(~np.isfinite(v) | (v < 0) | (v > 1)):
@@ -102,7 +102,7 @@ def root_unit_gains(v: np.ndarray, max_per_prompt: int) -> np.ndarray:
 
 
 def allocate_roots(v: object, budget: int, max_per_prompt: int = 16) -> np.ndarray:
-    """Exact optimum of SPEC §2: ``max Σ V_root(v_i, m_i)`` s.t. ``Σ m_i = budget``,
+    """Exact optimum of method §2: ``max Σ V_root(v_i, m_i)`` s.t. ``Σ m_i = budget``,
     ``m_i ∈ {0} ∪ {2..max_per_prompt}``. O(B·K) time after an O(B·K) selection.
 
     **Why a threshold is exact.** Write each prompt's value as a sum of unit gains
@@ -205,7 +205,7 @@ def _repair_single_leftover(
 
 
 def allocate_roots_dp(v: object, budget: int, max_per_prompt: int = 16) -> np.ndarray:
-    """Reference dynamic programme for SPEC §2 (the paper's solver), O(B · budget · K).
+    """Reference dynamic programme for method §2 (the paper's solver), O(B · budget · K).
 
     Among optima (values within ``GAIN_TIE_TOL`` · budget) it keeps the one with fewer activated
     prompts. Used by tests and benchmarks to certify :func:`allocate_roots`."""
@@ -410,7 +410,7 @@ def allocate_roots_thompson(
     return allocate_roots(draw, budget, max_per_prompt)
 
 
-# ============================================================================ SPEC §3: prefixes
+# ============================================================================ method §3: prefixes
 def _check_prefix_inputs(p: object, r: object, turn: object | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     p = _as_probabilities(p, "p")
     r_arr = np.asarray(r, dtype=np.float64)
@@ -436,7 +436,7 @@ def continuation_keep_probability(p: np.ndarray, r: np.ndarray) -> np.ndarray:
 
 def prefix_value(p: object, r: object, k: object) -> np.ndarray:
     """``V_pref = 1 − q^k``: the chance that one of ``k`` continuations from the prefix ends with
-    the opposite outcome to the bare rollout through it (SPEC §3); 0 at k = 0."""
+    the opposite outcome to the bare rollout through it (method §3); 0 at k = 0."""
     p, r_arr, _ = _check_prefix_inputs(p, r, None)
     k = np.asarray(k)
     if np.any(k < 0):
@@ -445,7 +445,7 @@ def prefix_value(p: object, r: object, k: object) -> np.ndarray:
 
 
 def allocate_prefixes(p: object, r: object, budget: int, turn: object | None = None) -> np.ndarray:
-    """Exact optimum of SPEC §3: ``max Σ_j V_pref(j, K_j)`` s.t. ``Σ K_j = budget``, ``K_j ≥ 0``.
+    """Exact optimum of method §3: ``max Σ_j V_pref(j, K_j)`` s.t. ``Σ K_j = budget``, ``K_j ≥ 0``.
 
     The k-th continuation at anchor j gains ``q_j^{k−1}(1 − q_j)``, non-increasing in k, so the
     objective is separable concave and taking the ``budget`` largest unit gains is optimal. We
@@ -581,7 +581,7 @@ def _spread_ties(K: np.ndarray, turn: np.ndarray, count: int, candidates: np.nda
 
 
 def allocate_prefixes_greedy(p: object, r: object, budget: int, turn: object | None = None) -> np.ndarray:
-    """Reference marginal-gain greedy for SPEC §3 (a heap; O(budget · log A)). Same tie rule."""
+    """Reference marginal-gain greedy for method §3 (a heap; O(budget · log A)). Same tie rule."""
     p, r_arr, t = _check_prefix_inputs(p, r, turn)
     budget = _as_int(budget, "budget")
     if budget < 0:
@@ -603,10 +603,10 @@ def prefix_objective(p: object, r: object, K: object) -> float:
     return float(np.sum(prefix_value(p, r, K)))
 
 
-# ============================================================================ SPEC §4: methods
+# ============================================================================ method §4: methods
 @dataclass(frozen=True)
 class BudgetSpec:
-    """Per-step rollout budget, shared by every method so that costs are equal (SPEC §4)."""
+    """Per-step rollout budget, shared by every method so that costs are equal (method §4)."""
 
     roots_M: int  # M: TRACE's root budget (bare rollouts); the total is M(1+N) trajectories
     expansion_N: int  # N: expansion factor; TRACE spends m_i·N continuations on prompt i
@@ -678,12 +678,12 @@ def roots_pcl(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.n
 
 
 def roots_trace(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
-    """TRACE stage 1: the exact optimum of SPEC §2 with budget M."""
+    """TRACE stage 1: the exact optimum of method §2 with budget M."""
     return allocate_roots(v, spec.roots_M, spec.max_per_prompt)
 
 
 def prefixes_trace(p: np.ndarray, r: np.ndarray, budget: int, turn: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """TRACE stage 2: the exact optimum of SPEC §3."""
+    """TRACE stage 2: the exact optimum of method §3."""
     return allocate_prefixes(p, r, budget, turn)
 
 
@@ -826,7 +826,7 @@ class DynamicSampling:
 
 @dataclass(frozen=True)
 class Method:
-    """A named allocation method: a root rule and, when it expands, a prefix rule (SPEC §4).
+    """A named allocation method: a root rule and, when it expands, a prefix rule (method §4).
 
     Which rules a method uses are its fields, never something read off its name: a caller asks
     ``method.explores_roots``, not whether the name starts with "trace". Two optional rules extend
@@ -839,7 +839,7 @@ class Method:
     root_rule: RootRule
     prefix_rule: PrefixRule | None
     description: str
-    # SPEC §5's explore_fraction (random skipped prompts at m = 2) applies to this method's roots:
+    # method §5's explore_fraction (random skipped prompts at m = 2) applies to this method's roots:
     # TRACE's root rule skips prompts by prediction, and a skipped prompt gets no target, so a
     # confident wrong prediction is never corrected. Uniform root rules skip nobody by prediction;
     # PCL is run as published, without exploration.
@@ -919,9 +919,9 @@ register_method(Method("grpo", roots_uniform_all, None, "uniform: M(1+N)/G rando
 register_method(Method("pcl", roots_pcl, None, "M(1+N)/G prompts with v nearest 0.5 × G, no expansion",
                        uses_predictor=True))
 register_method(Method("treepo", roots_uniform, prefixes_random, "M/G random prompts × G; random anchors"))
-register_method(Method("trace", roots_trace, prefixes_trace, "exact SPEC §2 roots; exact SPEC §3 prefixes",
+register_method(Method("trace", roots_trace, prefixes_trace, "exact method §2 roots; exact method §3 prefixes",
                        explores_roots=True, uses_predictor=True))
-register_method(Method("trace-root-only", roots_trace, prefixes_random, "exact SPEC §2 roots; random anchors",
+register_method(Method("trace-root-only", roots_trace, prefixes_random, "exact method §2 roots; random anchors",
                        explores_roots=True, uses_predictor=True))
 register_method(Method("trace-prefix-only", roots_uniform, prefixes_trace, "M/G random prompts × G; exact §3",
                        uses_predictor=True))
@@ -935,9 +935,9 @@ register_method(Method("dapo", roots_uniform_all, None,
                        "one-outcome groups dropped", round_rule=DynamicSampling()))
 _POSTERIOR = PosteriorRoots()
 register_method(Method("trace-posterior", WithoutHistory(_POSTERIOR), prefixes_trace,
-                       "exact roots on a Beta posterior (predictor prior + own outcomes); exact SPEC §3 prefixes",
+                       "exact roots on a Beta posterior (predictor prior + own outcomes); exact method §3 prefixes",
                        explores_roots=True, uses_predictor=True, history_rule=_POSTERIOR))
 _THOMPSON = PosteriorRoots(sample_posterior=True)
 register_method(Method("trace-posterior-thompson", WithoutHistory(_THOMPSON), prefixes_trace,
-                       "SPEC §2 roots on one posterior draw per prompt; exact SPEC §3 prefixes",
+                       "method §2 roots on one posterior draw per prompt; exact method §3 prefixes",
                        explores_roots=True, uses_predictor=True, history_rule=_THOMPSON))

@@ -1,4 +1,4 @@
-"""The per-step metrics of SPEC §7, as pure functions over rollout trees and arrays.
+"""The per-step metrics of method §7, as pure functions over rollout trees and arrays.
 
 Outcomes are binarised with one rule everywhere: a trajectory **succeeds iff its reward is
 > 0.5** (:data:`SUCCESS_THRESHOLD`); rewards are 0/1 in the paper's tasks, and the threshold
@@ -164,7 +164,7 @@ def spearman(pred: ArrayLike, target: ArrayLike) -> float:
 
 @dataclass(frozen=True)
 class PredictorSpearman:
-    """SPEC §5/§7 diagnostic: rank correlation of predicted and tree-backed values."""
+    """method §5/§7 diagnostic: rank correlation of predicted and tree-backed values."""
 
     root: float  # over prompt roots (one pair per tree)
     prefix: float  # over internal nodes with >= min_leaves leaves below
@@ -175,11 +175,11 @@ class PredictorSpearman:
 def root_and_prefix_pairs(
     trees: Sequence[RolloutTree], predictions: Sequence[ArrayLike], min_leaves: int = 2
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """``((pred, target) at roots, (pred, target) at prefixes)``, target = SPEC §5's ``V̂``.
+    """``((pred, target) at roots, (pred, target) at prefixes)``, target = method §5's ``V̂``.
 
     ``predictions[i]`` holds the predictor's value for each node of tree ``i`` (NaN where it was
     not scored). Prefixes are the non-root, non-terminal nodes with at least ``min_leaves``
-    leaves below — by default SPEC §5's informative internal nodes; a prefix with one leaf has
+    leaves below — by default method §5's informative internal nodes; a prefix with one leaf has
     a single 0/1 outcome as its target. Pairs with a NaN on either side are dropped.
     """
     trees = _check_trees(trees)
@@ -224,7 +224,7 @@ def predictor_spearman(
 # ---------------------------------------------------------------------------- allocation
 @dataclass(frozen=True)
 class AllocationStats:
-    """SPEC §7's allocation histograms and budget for one step (SPEC §8 reports the paper's)."""
+    """method §7's allocation histograms and budget for one step (method §8 reports the paper's)."""
 
     pool_size: int  # candidate prompts
     skipped_share: float  # share of the pool with m = 0 (NaN for an empty pool)
@@ -248,7 +248,7 @@ def anchor_allocation(trees: Sequence[RolloutTree]) -> tuple[np.ndarray, np.ndar
     """Realised ``(K, relative position)`` per anchor, read from the trees.
 
     ``K`` counts the continuations started at each anchor (all anchors listed, K = 0 included);
-    the position is ``t / T`` in (0, 1). A tree whose root received continuations (SPEC §3's
+    the position is ``t / T`` in (0, 1). A tree whose root received continuations (method §3's
     extra root rollouts for an anchorless prompt) contributes one entry at position 0.
     """
     ks: list[int] = []
@@ -281,7 +281,7 @@ def allocation_stats(
     an anchorless prompt; see :func:`anchor_allocation`). Positions are binned into
     ``n_position_bins`` equal bins over [0, 1). ``trees``, if given, supplies the generated-token
     count. "Mean m" is reported both without continuations (bare rollouts only) and with them,
-    since the paper does not say which it reports (SPEC §8).
+    since the paper does not say which it reports (method §8).
     """
     m_arr = _int_array(m, "m")
     k_arr = _int_array(anchor_k, "anchor_k")

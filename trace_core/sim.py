@@ -1,7 +1,7 @@
-"""A synthetic agentic environment for allocation studies (SPEC §1–§4, §7).
+"""A synthetic agentic environment for allocation studies (method §1–§4, §7).
 
 Each prompt has a hidden difficulty and a horizon; each turn moves a hidden success probability
-``V_t`` as a bounded martingale, so ``V_t = E[r | H_t]`` holds *exactly* (SPEC §1's definition)
+``V_t`` as a bounded martingale, so ``V_t = E[r | H_t]`` holds *exactly* (method §1's definition)
 and the contrast potential ``V_t(1 − V_t)`` decays towards the end of a path:
 
 - difficulty ``p0 = V_0 ~ Beta(a, a)`` with ``a = 0.15`` (U-shaped: most prompts are nearly
@@ -18,11 +18,11 @@ A real predictor could not see ``V``. What it may see: a prompt feature
 :class:`SimConfig` (frozen) so that results cannot be tuned after the fact; change them only to
 run a declared sensitivity study.
 
-:func:`run_step` runs one step of SPEC §2–§4 for any method of the allocation registry:
+:func:`run_step` runs one step of method §2–§4 for any method of the allocation registry:
 sample a shuffled candidate pool, score the roots, allocate ``m``, roll out the bare paths,
-score the anchors, allocate ``K`` per prompt (SPEC §3, including the no-anchor rule), roll out
+score the anchors, allocate ``K`` per prompt (method §3, including the no-anchor rule), roll out
 the continuations, build real :class:`~trace_core.tree.RolloutTree` objects (empty token lists;
-the hidden ``V_t`` and the observation in ``node.info``), compute SPEC §7's metrics, and only
+the hidden ``V_t`` and the observation in ``node.info``), compute method §7's metrics, and only
 then let the predictor learn from the step's trees — so every prediction used for allocation or
 reported in the metrics is out-of-sample.
 
@@ -297,7 +297,7 @@ class HistoryBatch:
 
 
 class ValuePredictor(Protocol):
-    """The predictor ``Ṽψ`` of SPEC §5, as the simulator uses it: score histories before the
+    """The predictor ``Ṽψ`` of method §5, as the simulator uses it: score histories before the
     step allocates, learn from the step's finished trees after it (a no-op for fixed ones)."""
 
     def score(self, histories: HistoryBatch) -> np.ndarray:
@@ -305,7 +305,7 @@ class ValuePredictor(Protocol):
         ...
 
     def update(self, trees: Sequence[RolloutTree]) -> None:
-        """Learn from a step's complete trees (tree-backed targets, SPEC §5)."""
+        """Learn from a step's complete trees (tree-backed targets, method §5)."""
         ...
 
 
@@ -352,7 +352,7 @@ class NoisyPredictor:
 
 @dataclass(frozen=True)
 class LearnedPredictorConfig:
-    """A tiny MLP ``Ṽψ`` trained online on tree-backed targets (SPEC §5) — our stand-in for the
+    """A tiny MLP ``Ṽψ`` trained online on tree-backed targets (method §5) — our stand-in for the
     paper's Qwen3-0.6B value head. Its hyper-parameters are the model's, not the simulator's."""
 
     hidden_units: int = 32  # width of the one tanh hidden layer
@@ -360,7 +360,7 @@ class LearnedPredictorConfig:
     iterations_per_update: int = 40  # Adam iterations after each step (warm-started from the last)
     batch_size: int = 2048  # samples per Adam iteration, drawn from the replay without replacement
     replay_steps: int = 4  # train on the supervised nodes of the last k steps (the newest included)
-    min_leaves: int = 2  # SPEC §5's S: roots plus internal nodes with >= this many leaves below
+    min_leaves: int = 2  # method §5's S: roots plus internal nodes with >= this many leaves below
     feature_clip: float = 8.0  # |prompt feature| is clipped here before scaling
     observation_decay: float = 0.5  # per-turn weight ratio of the exponentially weighted observation mean
     seed: int = 0  # initial weights
@@ -394,7 +394,7 @@ def visible_features(histories: HistoryBatch, feature_clip: float = 8.0, decay: 
 
 class LearnedPredictor:
     """A one-hidden-layer MLP (numpy, seeded) over :func:`visible_features`, trained online with
-    minibatch Adam on the squared error to SPEC §5's targets ``V̂`` (``tree.tree_values()``) at
+    minibatch Adam on the squared error to method §5's targets ``V̂`` (``tree.tree_values()``) at
     the roots and the internal nodes with ≥ 2 leaves below. Our choices: every supervised node
     weighs the same (the paper's 6% prefix share of a batch is not reproduced), and a short
     replay of recent steps stabilises the online fit. It starts untrained (outputs near 0.5):
@@ -492,7 +492,7 @@ def tree_histories(tree: RolloutTree, nodes: Sequence[int], horizon_max: int) ->
 def supervised_histories(
     trees: Sequence[RolloutTree], horizon_max: int, min_leaves: int = 2
 ) -> tuple[HistoryBatch, np.ndarray]:
-    """SPEC §5's training set ``S`` of a step: each tree's root and its internal nodes with
+    """method §5's training set ``S`` of a step: each tree's root and its internal nodes with
     ``>= min_leaves`` leaves below, with their tree-backed targets ``V̂``."""
     batches, targets = [], []
     for tree in trees:
@@ -545,7 +545,7 @@ class StepResult:
     pool_m: np.ndarray  # int64 (B,): bare rollouts per pool prompt (0 = skipped)
     pool_pred: np.ndarray  # float64 (B,): predicted root value v (scored before any update)
     pool_value: np.ndarray  # float64 (B,): hidden p0
-    root_extra: np.ndarray  # int64 (B,): extra root rollouts of anchorless prompts (SPEC §3)
+    root_extra: np.ndarray  # int64 (B,): extra root rollouts of anchorless prompts (method §3)
     anchor_prompt: np.ndarray  # int64 (A,): pool index of the anchor's prompt
     anchor_node: np.ndarray  # int64 (A,): node id in that prompt's tree
     anchor_turn: np.ndarray  # int64 (A,): t
@@ -586,13 +586,13 @@ def run_step(
     pool: PersistentPool | None = None,
     history: PromptHistory | None = None,
 ) -> StepResult:
-    """One step of SPEC §2–§4 with ``method`` at budget ``spec`` (``spec.total`` trajectories).
+    """One step of method §2–§4 with ``method`` at budget ``spec`` (``spec.total`` trajectories).
 
     Order: pool → score roots → ``m`` → bare rollouts → score anchors → ``K`` per prompt
     (an anchorless prompt spends ``m_i·N`` on extra root rollouts) → continuations → trees →
     metrics → ``predictor.update(trees)`` → ``history.record`` → ``pool.advance``. Raises
     AssertionError if the trees do not hold exactly ``spec.total`` trajectories (the
-    equal-budget contract of SPEC §4; a method that samples in rounds may stop short of it).
+    equal-budget contract of method §4; a method that samples in rounds may stop short of it).
 
     ``pool``: a :class:`PersistentPool` to draw the candidates from (default: fresh i.i.d.
     prompts); ``history``: the run's per-prompt record, read by history rules and updated with the
@@ -602,7 +602,7 @@ def run_step(
     H, N = config.horizon_max, spec.expansion_N
     B = spec.pool_size
 
-    # ---- candidate pool, shuffled (the shuffle keeps SPEC §2's promise that no prompt is
+    # ---- candidate pool, shuffled (the shuffle keeps method §2's promise that no prompt is
     # favoured by its index even if a caller passes a fixed dataset order)
     if pool is None:
         if history is not None:
@@ -654,7 +654,7 @@ def run_step(
     p = _checked_scores(predictor.score(anchor_batch), A, "anchor")
     anchor_reward = bare.reward[anchor_path]
 
-    # ---- stage 2: prefixes, prompt by prompt (SPEC §3: a prompt needs only its own rollouts)
+    # ---- stage 2: prefixes, prompt by prompt (method §3: a prompt needs only its own rollouts)
     K = np.zeros(A, dtype=np.int64)
     root_extra = np.zeros(B, dtype=np.int64)
     lo, hi = _segment_bounds(anchor_prompt, selected)
@@ -817,13 +817,13 @@ def _build_trees(
 
 
 def step_metrics(result: StepResult) -> dict[str, float]:
-    """SPEC §7's contrast metrics, allocation statistics and predictor diagnostics of one step.
+    """method §7's contrast metrics, allocation statistics and predictor diagnostics of one step.
 
     Effective ratio and contrastive yield count every sampled group (a round rule's dropped
     groups included: they were paid for); ``mixed_groups`` counts the mixed groups the policy
     trains on and ``rollouts_per_mixed_group`` divides every trajectory spent by them.
 
-    Spearman is reported twice: against the tree-backed targets ``V̂`` (SPEC §5, what a real
+    Spearman is reported twice: against the tree-backed targets ``V̂`` (method §5, what a real
     run can log) and against the hidden true ``V`` over the whole pool / every anchor (what only
     a simulator can know). All predictions were made before the predictor saw this step."""
     trees = result.trees

@@ -1,4 +1,4 @@
-"""Datasets for the three agentic tasks (SPEC §9): one normalized schema, loaders from the
+"""Datasets for the three agentic tasks (method §9): one normalized schema, loaders from the
 published formats, Great Expectations validation, and the embedded default data.
 
     schema.py      Example / Passage and the on-disk JSONL form

@@ -1,4 +1,4 @@
-"""Loaders from the published formats of the paper's datasets (SPEC §9) into :class:`Example`.
+"""Loaders from the published formats of the paper's datasets (method §9) into :class:`Example`.
 
 Users bring the real files (downloaded once, versioned with DVC); nothing here downloads.
 Supported file formats: ``.json`` (a JSON array, an object with a ``data`` list, or JSON lines),
@@ -381,7 +381,7 @@ class DatasetSpec:
 
     name: str
     task: str  # "math" | "qa" | "fc"
-    default_split: str  # the split label its usual file is used as (SPEC §9: train or eval)
+    default_split: str  # the split label its usual file is used as (method §9: train or eval)
     convert: Callable[[Row, int, str, str], Example]  # (row, index, split, "file:row") -> Example
     multiple_choice: bool = False
 

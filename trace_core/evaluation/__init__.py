@@ -1,4 +1,4 @@
-"""Multi-benchmark evaluation of a policy checkpoint (SPEC §9), through the training agent loop.
+"""Multi-benchmark evaluation of a policy checkpoint (method §9), through the training agent loop.
 
     benchmarks.py  the known benchmarks (paper + embedded), BenchmarkConfig, loading from files
     config.py      EvalConfig: benchmarks, k samples, greedy, per-family agent limits, engine, tracking

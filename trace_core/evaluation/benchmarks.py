@@ -1,6 +1,6 @@
 """Which benchmarks exist, where their examples come from, and how a configured list is loaded.
 
-A benchmark is named in :data:`KNOWN_BENCHMARKS` (SPEC §9 plus the embedded data's test splits)
+A benchmark is named in :data:`KNOWN_BENCHMARKS` (method §9 plus the embedded data's test splits)
 and configured by a :class:`BenchmarkConfig`:
 
 * with ``file``: the published file, read by the dataset's loader in :mod:`trace_core.data.loaders`

@@ -58,7 +58,7 @@ class EvalEngineSettings:
 
 @dataclass
 class EvalConfig:
-    """An evaluation of one checkpoint on a list of benchmarks (SPEC §9)."""
+    """An evaluation of one checkpoint on a list of benchmarks (method §9)."""
 
     name: str | None = None  # the row name in tables and the result files; None = from the checkpoint path
     benchmarks: list[BenchmarkConfig] = field(default_factory=default_benchmarks)  # what to evaluate

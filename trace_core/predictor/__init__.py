@@ -1,4 +1,4 @@
-"""The success predictor ``Ṽψ`` of SPEC §5.
+"""The success predictor ``Ṽψ`` of method §5.
 
 - :mod:`.config` — :class:`PredictorConfig` (every knob, documented);
 - :mod:`.model` — Qwen3 backbone + scalar head (:class:`PrefixValueModel`);
@@ -6,7 +6,7 @@
 - :mod:`.tree_attention` — sparse tree attention (each node attends to its own history only),
   registered with transformers as ``"trace_tree"``; the default kernel;
 - :mod:`.scoring` — forwards over packs (sparse plan, or a dense 4D tree mask for sdpa/eager);
-- :mod:`.examples` — SPEC §5's supervised set and the prefix share;
+- :mod:`.examples` — method §5's supervised set and the prefix share;
 - :mod:`.diagnostics` — out-of-sample Spearman, MSE, reliability bins / ECE;
 - :mod:`.explore` — ``explore_fraction`` (a root-allocation rule);
 - :mod:`.success_predictor` — :class:`SuccessPredictor`: score, update, save/restore.

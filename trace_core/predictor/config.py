@@ -1,4 +1,4 @@
-"""Configuration of the success predictor ``Ṽψ`` (SPEC §5)."""
+"""Configuration of the success predictor ``Ṽψ`` (method §5)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Literal
 
 TaskFamily = Literal["qa", "function_calling", "math"]
 
-# SPEC §5: the paper's learning rates for a pretrained Qwen3-0.6B backbone, per task family.
+# method §5: the paper's learning rates for a pretrained Qwen3-0.6B backbone, per task family.
 PRETRAINED_LEARNING_RATES: dict[str, float] = {"qa": 3e-5, "function_calling": 3e-5, "math": 1.5e-5}
 
 
@@ -35,7 +35,7 @@ class PredictorConfig:
     attn_implementation: Literal["tree", "sdpa", "eager"] = "tree"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype of forwards (weights: fp32)
 
-    # ---- optimisation (SPEC §5)
+    # ---- optimisation (method §5)
     task_family: TaskFamily = "qa"  # pretrained lr: 3e-5 QA / function calling, 1.5e-5 math
     learning_rate: float | None = None  # explicit AdamW lr; None = per task family or tiny
     tiny_learning_rate: float = 1e-3  # default lr of a tiny random backbone (3e-5 barely moves one)
@@ -43,7 +43,7 @@ class PredictorConfig:
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     adam_eps: float = 1e-8  # AdamW epsilon
     grad_clip: float = 1.0  # max global L2 norm of the gradient (clip_grad_norm_)
-    min_leaves: int = 2  # SPEC §5's S: internal nodes with >= this many leaves below are supervised prefixes
+    min_leaves: int = 2  # method §5's S: internal nodes with >= this many leaves below are supervised prefixes
     prefix_share: float = 0.06  # expected share of prefix examples among a step's examples (paper: 6%)
     # Floor on prefix examples per update (capped by the informative prefixes there are). A scale
     # adaptation: the paper's 6% of ~1,000 roots a step is ~60 prefix examples; at our tens of
@@ -64,7 +64,7 @@ class PredictorConfig:
     max_tokens_per_forward: int = 8192  # trees are packed greedily into forwards of at most this many tokens
     max_length: int | None = None  # longest history accepted (tokens); None = the backbone's max positions
 
-    # ---- allocation-side knob (SPEC §5), read by the trainer, not by the predictor itself
+    # ---- allocation-side knob (method §5), read by the trainer, not by the predictor itself
     explore_fraction: float = 0.0  # root budget share at m=2 to random skipped prompts (0 = paper)
 
     # ---- diagnostics

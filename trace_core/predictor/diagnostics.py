@@ -1,8 +1,8 @@
-"""Per-step predictor diagnostics (SPEC §5, §7): Spearman and calibration on out-of-sample
+"""Per-step predictor diagnostics (method §5, §7): Spearman and calibration on out-of-sample
 predictions. Pure numpy; :class:`~trace_core.predictor.success_predictor.SuccessPredictor`
 scores a step's trees *before* training on them and hands the predictions here.
 
-Two prefix figures, because SPEC §5's informative prefixes are not a fair sample:
+Two prefix figures, because method §5's informative prefixes are not a fair sample:
 
 - **expanded anchors** (``spearman_prefix``, logged as ``prefix_spearman_expanded_anchors`` and,
   under its older name, ``oos_spearman_prefix``): prediction against ``V̂`` at the internal nodes

@@ -1,4 +1,4 @@
-"""SPEC §5's supervised set and its sampling into predictor examples. Pure numpy.
+"""method §5's supervised set and its sampling into predictor examples. Pure numpy.
 
 ``S`` = each tree's prompt root plus its *informative* prefixes: non-root, non-terminal nodes
 with at least ``min_leaves`` (default 2) leaves below. Targets are the tree-backed means ``V̂``
@@ -46,7 +46,7 @@ class SupervisedSet:
 
 
 def supervised_set(trees: Sequence[RolloutTree], min_leaves: int = 2) -> SupervisedSet:
-    """SPEC §5's ``S`` over a step's trees. A tree without leaves (a skipped prompt) gives nothing."""
+    """method §5's ``S`` over a step's trees. A tree without leaves (a skipped prompt) gives nothing."""
     roots, prefixes = [], []
     for i, tree in enumerate(trees):
         if not isinstance(tree, RolloutTree):

@@ -1,4 +1,4 @@
-"""SPEC §5's ``explore_fraction``: give part of the root budget, at m = 2, to random skipped prompts.
+"""method §5's ``explore_fraction``: give part of the root budget, at m = 2, to random skipped prompts.
 
 Skipped prompts get no tree and so no target: a confident wrong prediction of 0 or 1 is never
 corrected. This is a root-allocation rule (it belongs next to :func:`allocate_roots` and is

@@ -1,4 +1,4 @@
-"""The predictor network: a causal Qwen3 backbone, a scalar head, a sigmoid (SPEC §5).
+"""The predictor network: a causal Qwen3 backbone, a scalar head, a sigmoid (method §5).
 
 Input is the policy's token ids of a history (prompt + turns), never re-rendered text, so the
 predictor must share the policy's tokenizer (Qwen3-0.6B and Qwen3-8B do). The head reads the

@@ -1,4 +1,4 @@
-"""The success predictor ``Ṽψ`` (SPEC §5): score trees cheaply, learn online from them.
+"""The success predictor ``Ṽψ`` (method §5): score trees cheaply, learn online from them.
 
     predictor = SuccessPredictor(PredictorConfig(...))
     v = predictor.score_histories(prompt_token_ids)          # stage 1: pool roots
@@ -7,7 +7,7 @@
 
 ``update`` takes the step's roots and informative prefixes as scored *before* it changes any
 weight (handed in from allocation, or scored on entry) for the out-of-sample diagnostics —
-Spearman, MSE, calibration — then trains on SPEC §5's supervised set with AdamW, gradient
+Spearman, MSE, calibration — then trains on method §5's supervised set with AdamW, gradient
 clipping and a guard that skips any optimizer step whose loss, gradient norm or resulting
 weights are not finite (weights and optimizer state untouched).
 
@@ -112,7 +112,7 @@ class SuccessPredictor:
     def update(
         self, trees: Sequence[RolloutTree], predictions: Sequence[np.ndarray] | None = None
     ) -> dict[str, float]:
-        """Learn from one step's complete trees (SPEC §5).
+        """Learn from one step's complete trees (method §5).
 
         ``predictions`` (optional, one array per tree, NaN where not scored) are values this
         predictor gave *before* this call — e.g. the roots scored in stage 1 and the anchors in

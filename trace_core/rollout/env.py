@@ -6,7 +6,7 @@ An environment owns the tools of one task family and the reward. The agent loop 
     obs = env.step(action)          # run one parsed action; obs.text goes back to the model
     r = env.reward(episode)         # the trajectory's terminal reward, in [0, 1]
 
-and, to continue from a prefix of an episode (SPEC §3), ``env.snapshot()`` after each step and
+and, to continue from a prefix of an episode (method §3), ``env.snapshot()`` after each step and
 ``env.restore(snapshot)`` on a *fresh* instance. :class:`ReplayEnvironment` implements both by
 deterministic replay of the prefix's actions — always correct for deterministic tools, at the
 cost of re-running them; environments whose state is cheap to copy override the pair.

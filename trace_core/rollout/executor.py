@@ -1,6 +1,6 @@
 """Tree rollout executor: grows one rollout tree per prompt, expanding each prompt on its own.
 
-Given a root allocation ``m`` and an allocation method (SPEC §4), the executor
+Given a root allocation ``m`` and an allocation method (method §4), the executor
 
 1. submits each activated prompt's ``m_i`` bare rollouts (one request with ``n = m_i``: they share
    the prompt, which the engine's prefix cache serves once);
@@ -12,7 +12,7 @@ Given a root allocation ``m`` and an allocation method (SPEC §4), the executor
    continuations with the method's prefix rule, puts a fresh environment at each chosen prefix
    (``restore`` of the snapshot taken there) and submits ``K`` continuations per anchor from the
    anchor's history (one request with ``n = K``; the prefix is reused from the cache);
-4. a prompt without anchors spends its ``m_i·N`` on extra root rollouts (SPEC §3).
+4. a prompt without anchors spends its ``m_i·N`` on extra root rollouts (method §3).
 
 A method that samples in rounds (DAPO's dynamic sampling: ``Method.round_rule``) runs through
 :meth:`TreeRolloutExecutor.run_in_rounds`: one :meth:`~TreeRolloutExecutor.run` per round, bare
@@ -418,7 +418,7 @@ class TreeRolloutExecutor:
             return
         tree = state.tree
         anchors = tree.anchors()
-        if not anchors:  # SPEC §3: the root is the depth-0 anchor; spend the budget on extra roots
+        if not anchors:  # method §3: the root is the depth-0 anchor; spend the budget on extra roots
             self._k_by_anchor[state.task.id] = {ROOT: budget}
             self._event("expand", state, anchors=0, continuations=budget)
             self._start_group(pi, "continuation", ROOT, budget)

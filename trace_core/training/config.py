@@ -31,7 +31,7 @@ class TaskConfig:
 
 @dataclass
 class BudgetConfig:
-    """Per-step rollout budget (SPEC §2–§4): every method spends M(1+N) trajectories."""
+    """Per-step rollout budget (method §2–§4): every method spends M(1+N) trajectories."""
 
     roots_M: int = 16  # M: TRACE's root budget
     expansion_N: int = 2  # N: continuations per bare rollout
@@ -123,10 +123,10 @@ class PredictorWarmupConfig:
 
 @dataclass
 class TrainConfig:
-    """A training run (SPEC §2–§7). Every field can be overridden as ``section.key=value``."""
+    """A training run (method §2–§7). Every field can be overridden as ``section.key=value``."""
 
     method: str = "trace"  # grpo | pcl | treepo | trace | trace-root-only | trace-prefix-only
-    advantage: str = "tree"  # tree | tree-no-std | grpo | treepo (SPEC §6)
+    advantage: str = "tree"  # tree | tree-no-std | grpo | treepo (method §6)
     steps: int = 4  # training steps
     seed: int = 0  # seeds data order, allocation, sampling and initialisation
     policy_model: str = "runs/warm/policy"  # local transformers model directory (never a hub id)

@@ -1,4 +1,4 @@
-"""Policy-gradient math over packed rollout trees (SPEC §6): log-probs and the PPO-clip loss.
+"""Policy-gradient math over packed rollout trees (method §6): log-probs and the PPO-clip loss.
 
 A packed tree (:mod:`trace_core.predictor.packing`) holds each distinct token once, so a shared
 prefix is trained once and the number of loss tokens equals the number of distinct model-written

@@ -1,4 +1,4 @@
-"""Cost breakdown: wall time per phase per step, as fractions (SPEC §7, the paper's cost table)."""
+"""Cost breakdown: wall time per phase per step, as fractions (method §7, the paper's cost table)."""
 
 from __future__ import annotations
 

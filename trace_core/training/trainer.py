@@ -365,7 +365,7 @@ class Trainer:
 
     def _step_metrics(self, trees: list[RolloutTree], kept: list[bool], advantages: Sequence[np.ndarray],
                       alloc: AllocationStats, result: RolloutResult) -> dict[str, float]:
-        """SPEC §7's figures of one step, over **every rollout spent**: a round rule's dropped groups
+        """method §7's figures of one step, over **every rollout spent**: a round rule's dropped groups
         count in the effective ratio, the rollouts and the budget (they were paid for), and the
         price of a mixed group divides every rollout spent by the mixed groups the policy trains
         on. ``advantages`` are the kept trees' (a dropped tree yields no signal)."""
