@@ -116,6 +116,18 @@ class TrainerState:
     root_outcomes: dict[str, Any] | None = None
 
 
+@dataclass
+class StepOutput:
+    """What one training step hands the loop: its trees (every sampled one, in the lossless tree
+    format), the bare rollouts per candidate, the allocation record written to ``allocations/``,
+    and the step's metrics (names as logged)."""
+
+    trees: list[RolloutTree]
+    m: np.ndarray  # bare rollouts per candidate of the pool
+    allocation: dict[str, Any]  # pool ids, scores v, m, K by position, dropped groups, rounds
+    metrics: dict[str, float]
+
+
 class Trainer:
     """Builds everything from a :class:`TrainConfig` and runs (or resumes) the step loop."""
 
@@ -271,7 +283,9 @@ class Trainer:
         return self.state.warmup
 
     # ------------------------------------------------------------------ one step
-    def train_step(self) -> dict[str, float]:
+    def train_step(self) -> StepOutput:
+        """One step of the method (docs/architecture.md's table): allocate, roll out, expand, score,
+        update the predictor, advantages, update the policy, sync the engine."""
         prof = self.profiler
         step = self.state.step
         pool = self._next_pool()
@@ -336,7 +350,7 @@ class Trainer:
                       "dropped": [t.prompt_id for t, kk in zip(trees, kept, strict=True) if not kk],
                       "rounds": int(result.rounds)}
         self._record_root_outcomes(step, trees, root_pred)
-        return {"_trees": trees, "_m": m, "_allocation": allocation, **metrics}  # type: ignore[dict-item]
+        return StepOutput(trees=trees, m=m, allocation=allocation, metrics=metrics)
 
     def _allocate_roots(self, pool: list[Task], v: np.ndarray, step: int) -> np.ndarray:
         """The step's bare rollouts per candidate: the method's root rule, reading the candidates'
@@ -460,10 +474,8 @@ class Trainer:
             self._activity = _StepActivity(f"train {cfg.method} step {step + 1}/{cfg.steps}", phase)
             if self._pool_success_due(step):
                 self.measure_pool_success(step)
-            out = self.train_step()
-            trees = out.pop("_trees")
-            out.pop("_m")
-            allocation = out.pop("_allocation")
+            done_step = self.train_step()
+            trees, allocation, out = done_step.trees, done_step.allocation, done_step.metrics
             # This step's phases, plus the previous step's checkpoint and logging.
             metrics = {**out, **self.profiler.end_step()}
             self.state.step = step + 1
