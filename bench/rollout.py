@@ -94,7 +94,7 @@ from trace_core.rollout.engine import (  # noqa: E402
     iter_completions,
 )
 from trace_core.rollout.env import Action, FixedTurnsEnvironment, Observation, Task  # noqa: E402
-from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor  # noqa: E402
+from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -444,7 +444,7 @@ def bench_long_tail(engine, tokenizer, cfg: BenchConfig) -> dict:
     # One untimed run first: an engine's first tree batches pay one-off costs (seen: +2-3 s).
     first = next(iter(workloads.values()))
     warmup = TreeRolloutExecutor(engine, tokenizer, first.env_factory, agent, tool_workers=first.tool_workers)
-    warmup.run(first.tasks, [cfg.tail_m] * len(first.tasks), method, cfg.tail_N, seeded_scorer,
+    warmup.run(first.tasks, [cfg.tail_m] * len(first.tasks), expansion_of(method, cfg.tail_N, seeded_scorer),
                np.random.default_rng(cfg.seed))
     out: dict[str, Any] = {}
     for name, work in workloads.items():
@@ -457,7 +457,7 @@ def bench_long_tail(engine, tokenizer, cfg: BenchConfig) -> dict:
                 executor = cls(engine, tokenizer, work.env_factory, agent, tool_workers=work.tool_workers)
                 engine.reset_prefix_cache()
                 with Clock() as clock:
-                    res = executor.run(work.tasks, m, method, cfg.tail_N, seeded_scorer,
+                    res = executor.run(work.tasks, m, expansion_of(method, cfg.tail_N, seeded_scorer),
                                        np.random.default_rng(cfg.seed))
                 runs[variant].append(summarise_run(res, clock))
         out[name] = {

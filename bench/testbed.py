@@ -52,7 +52,7 @@ def measure(out: Path, data: str, index: str, samples: int, seed: int) -> dict:
 
     from trace_core.rollout.agent import AgentConfig
     from trace_core.rollout.engine import EngineConfig
-    from trace_core.rollout.executor import NO_EXPANSION, TreeRolloutExecutor
+    from trace_core.rollout.executor import TreeRolloutExecutor
     from trace_core.rollout.vllm_engine import VLLMEngine
     from trace_core.seeding import derive_seed
     from trace_core.warmstart.demos import load_tasks
@@ -70,7 +70,7 @@ def measure(out: Path, data: str, index: str, samples: int, seed: int) -> dict:
             tasks = load_tasks(out / f"{split}.jsonl")
             t0 = time.perf_counter()
             s = derive_seed("testbed-spread", seed)
-            res = executor.run(tasks, [samples] * len(tasks), NO_EXPANSION, 0, None, np.random.default_rng(s),
+            res = executor.run(tasks, [samples] * len(tasks), None, np.random.default_rng(s),
                                sampling_seed=s)
             spread = spread_of(res.trees, samples)
             result[split] = {**spread.to_json(), "grpo_effective_ratio": spread.grpo_effective_ratio,

@@ -52,7 +52,7 @@ from trace_core.retrieval import (
 from trace_core.rollout.agent import AgentConfig
 from trace_core.rollout.engine import Completion, EngineConfig, GenerationRequest, Sample
 from trace_core.rollout.env import Action, Environment, Episode, Task, parse_action
-from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor
+from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of
 
 needs_sandbox = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="the math sandbox needs root and unshare"
@@ -230,7 +230,7 @@ def run_executor(engine, tokenizer, factory, tasks: list[Task], m: int, n_expand
     def scorer(tree, nodes):
         return np.random.default_rng(len(tree.nodes)).random(len(nodes))
 
-    return executor.run(tasks, [m] * len(tasks), get_method("trace"), n_expand, scorer,
+    return executor.run(tasks, [m] * len(tasks), expansion_of(get_method("trace"), n_expand, scorer),
                         np.random.default_rng(seed))
 
 

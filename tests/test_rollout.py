@@ -10,7 +10,7 @@ import pytest
 from trace_core.allocation import METHODS, BudgetSpec, get_method
 from trace_core.rollout.agent import AgentConfig, observation_text
 from trace_core.rollout.env import Action, FixedTurnsEnvironment, Observation, Task, parse_action
-from trace_core.rollout.executor import TreeRolloutExecutor
+from trace_core.rollout.executor import TreeRolloutExecutor, expansion_of
 from trace_core.tree import ROOT
 
 AGENT = AgentConfig(max_turns=8, max_new_tokens=12, max_total_tokens=1024, temperature=1.0, seed=7)
@@ -44,7 +44,8 @@ def random_scorer(tree, nodes) -> np.ndarray:
 
 def run(engine, tokenizer, method: str, m: list[int], n_expand: int, task_list, tool_workers: int = 0, seed=0):
     executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT, tool_workers=tool_workers)
-    return executor.run(task_list, m, get_method(method), n_expand, random_scorer, np.random.default_rng(seed))
+    return executor.run(task_list, m, expansion_of(get_method(method), n_expand, random_scorer),
+                        np.random.default_rng(seed))
 
 
 def test_trees_hold_exact_token_histories_and_masks(engine, tokenizer) -> None:
@@ -153,7 +154,7 @@ def test_other_prompts_expand_before_a_slow_prompt_finishes(engine, tokenizer) -
         return SlowFirstTurnsEnvironment(num_turns=task.metadata["turns"])
 
     executor = TreeRolloutExecutor(engine, tokenizer, env_factory, AGENT, tool_workers=4)
-    result = executor.run([slow, *quick], [2, 2, 2, 2], get_method("trace"), 2, random_scorer,
+    result = executor.run([slow, *quick], [2, 2, 2, 2], expansion_of(get_method("trace"), 2, random_scorer),
                           np.random.default_rng(0))
     order = [(e.kind, e.prompt_id) for e in result.events]
     slow_bare_done = order.index(("bare_done", "slow"))
@@ -165,11 +166,11 @@ def test_other_prompts_expand_before_a_slow_prompt_finishes(engine, tokenizer) -
 def test_bad_arguments_are_errors(engine, tokenizer) -> None:
     executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT)
     with pytest.raises(ValueError, match="same length"):
-        executor.run(tasks(2), [2], get_method("grpo"), 0, None, np.random.default_rng(0))
+        executor.run(tasks(2), [2], None, np.random.default_rng(0))
     with pytest.raises(ValueError, match="single rollout"):
-        executor.run(tasks(1), [1], get_method("grpo"), 0, None, np.random.default_rng(0))
+        executor.run(tasks(1), [1], None, np.random.default_rng(0))
     with pytest.raises(ValueError, match="score_prefixes is required"):
-        executor.run(tasks(1), [2], get_method("trace"), 2, None, np.random.default_rng(0))
+        executor.run(tasks(1), [2], expansion_of(get_method("trace"), 2, None), np.random.default_rng(0))
 
 
 def test_sampling_seed_keys_the_draws_and_repeated_prompts_are_rejected(engine, tokenizer) -> None:
@@ -177,10 +178,9 @@ def test_sampling_seed_keys_the_draws_and_repeated_prompts_are_rejected(engine, 
     seed (another step, another run) draws others for the same prompt. One prompt twice in one
     call would share its seeds, so it is an error."""
     executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT)
-    grpo = get_method("grpo")
 
     def first(seed):
-        res = executor.run(tasks(2), [4, 4], grpo, 0, None, np.random.default_rng(0), sampling_seed=seed)
+        res = executor.run(tasks(2), [4, 4], None, np.random.default_rng(0), sampling_seed=seed)
         return [tuple(t.nodes[tr.nodes[0]].token_ids) for t in res.trees for tr in t.trajectories]
 
     a, b, c = first(11), first(11), first(12)
@@ -188,7 +188,7 @@ def test_sampling_seed_keys_the_draws_and_repeated_prompts_are_rejected(engine, 
     assert a != c
     twice = [tasks(1)[0], tasks(1)[0]]
     with pytest.raises(ValueError, match="more than once"):
-        executor.run(twice, [2, 2], grpo, 0, None, np.random.default_rng(0))
+        executor.run(twice, [2, 2], None, np.random.default_rng(0))
 
 
 # ---------------------------------------------------------------------------- sampling in rounds

@@ -136,7 +136,7 @@ def test_a_miniature_testbed_lands_in_its_calibration_range(kb_qa_index, tmp_pat
 
     from trace_core.rollout.agent import AgentConfig
     from trace_core.rollout.engine import EngineConfig
-    from trace_core.rollout.executor import NO_EXPANSION, TreeRolloutExecutor
+    from trace_core.rollout.executor import TreeRolloutExecutor
     from trace_core.rollout.hf_engine import HFEngine
     from trace_core.warmstart.demos import load_tasks
     from trace_core.warmstart.pipeline import TESTBED_SFT, WarmStartConfig, env_factory, run_warm_start
@@ -155,7 +155,7 @@ def test_a_miniature_testbed_lands_in_its_calibration_range(kb_qa_index, tmp_pat
         executor = TreeRolloutExecutor(engine, AutoTokenizer.from_pretrained(policy),
                                        env_factory("qa", DATA, index_dir), agent, tool_workers=2)
         pool = load_tasks(tmp_path / "pool.jsonl")
-        result = executor.run(pool, [8] * len(pool), NO_EXPANSION, 0, None, np.random.default_rng(0),
+        result = executor.run(pool, [8] * len(pool), None, np.random.default_rng(0),
                               sampling_seed=0)
     finally:
         engine.close()

@@ -2,7 +2,7 @@
 
     factory = make_env_factory("qa", QAEnvConfig(index_dir="artifacts/qa_index"))
     executor = TreeRolloutExecutor(engine, tokenizer, factory, agent)
-    executor.run([example_to_task(ex) for ex in examples], m, method, N, scorer, rng)
+    executor.run([example_to_task(ex) for ex in examples], m, expansion_of(method, N, scorer), rng)
 
 The factory builds what its environments share once — the verified Python sandbox (math), the
 loaded retriever (qa) — and returns ``task -> Environment``, one fresh instance per trajectory

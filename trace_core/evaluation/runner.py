@@ -302,7 +302,6 @@ def run_rollouts(
 ) -> tuple[list[RolloutTree | None], dict[str, float]]:
     """``m`` bare rollouts per task through the executor (no expansion); one tree per task, None
     for a task whose prompt leaves no room to generate under ``agent.max_total_tokens``."""
-    from trace_core.allocation import get_method
     from trace_core.rollout.executor import TreeRolloutExecutor
 
     fits = [len(render_prompt(tokenizer, t, factory(t).tool_descriptions(), agent)) < agent.max_total_tokens
@@ -312,7 +311,7 @@ def run_rollouts(
     stats: dict[str, float] = {"tasks": float(len(tasks)), "prompt_too_long": float(len(tasks) - len(runnable))}
     if runnable:
         executor = TreeRolloutExecutor(engine, tokenizer, factory, agent, tool_workers=tool_workers)
-        result = executor.run(runnable, [m] * len(runnable), get_method("grpo"), 0, None,
+        result = executor.run(runnable, [m] * len(runnable), None,
                               np.random.default_rng(seed))
         done = iter(result.trees)
         trees = [next(done) if ok else None for ok in fits]

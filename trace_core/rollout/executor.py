@@ -1,6 +1,7 @@
 """Tree rollout executor: grows one rollout tree per prompt, expanding each prompt on its own.
 
-Given a root allocation ``m`` and an allocation method (method §4), the executor
+Given a root allocation ``m`` and an :class:`Expansion` (the method's prefix rule, N and the anchor
+scorer; ``None`` for bare groups only: measurements, evaluation), the executor
 
 1. submits each activated prompt's ``m_i`` bare rollouts (one request with ``n = m_i``: they share
    the prompt, which the engine's prefix cache serves once);
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import BudgetSpec, Method, roots_uniform_all
+from trace_core.allocation import BudgetSpec, Method
 from trace_core.metrics import is_success
 from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
 from trace_core.rollout.engine import Completion, GenerationRequest, RolloutEngine, Sample, SamplingConfig
@@ -40,9 +41,30 @@ from trace_core.rollout.env import Action, Environment, Episode, Observation, Ta
 from trace_core.seeding import derive_seed
 from trace_core.tree import ROOT, RolloutTree
 
-# Bare rollouts only, m given by the caller (measurements, evaluation): no prefix rule, so no
-# expansion whatever expansion_N says; its root rule is never called by the executor.
-NO_EXPANSION = Method("bare-rollouts", roots_uniform_all, None, "the caller's m bare rollouts, no expansion")
+
+@dataclass(frozen=True)
+class Expansion:
+    """A run's prompt-local prefix expansion: once a prompt's bare rollouts finish, its anchors are
+    scored with ``score_prefixes`` and ``method``'s prefix rule places m_i·N continuations."""
+
+    method: Method  # its prefix rule places the continuations
+    expansion_N: int  # N: continuations per bare rollout
+    score_prefixes: PrefixScorer  # (tree, anchor node ids) -> success probability at each anchor
+
+    def __post_init__(self) -> None:
+        if not self.method.expands:
+            raise ValueError(f"method {self.method.name!r} has no prefix rule: pass expansion=None")
+        if self.expansion_N < 0:
+            raise ValueError(f"expansion_N must be >= 0, got {self.expansion_N}")
+
+
+def expansion_of(method: Method, expansion_N: int, score_prefixes: PrefixScorer | None) -> Expansion | None:
+    """The expansion a method asks for at this N (None when it expands nothing)."""
+    if not method.expands or expansion_N == 0:
+        return None
+    if score_prefixes is None:
+        raise ValueError(f"method {method.name!r} expands prefixes: score_prefixes is required")
+    return Expansion(method, expansion_N, score_prefixes)
 
 # Scores prefixes of one tree: (tree, node ids) -> predicted success probabilities in [0, 1].
 PrefixScorer = Callable[[RolloutTree, Sequence[int]], np.ndarray]
@@ -154,13 +176,13 @@ class TreeRolloutExecutor:
         self,
         tasks: Sequence[Task],
         m: Sequence[int],
-        method: Method,
-        expansion_N: int,
-        score_prefixes: PrefixScorer | None,
+        expansion: Expansion | None,
         rng: np.random.Generator,
         sampling_seed: int | None = None,
     ) -> RolloutResult:
-        """Grow one tree per task with ``m[i] > 0``; see the module docstring.
+        """Grow one tree per task with ``m[i] > 0``; see the module docstring. ``expansion``: the
+        prompt-local prefix expansion (the method's prefix rule, N and the anchor scorer); None
+        rolls out the bare groups only.
 
         ``sampling_seed`` keys this run's sampling: every request's seed is derived from it, the
         prompt, the trajectory and the node, so one call is reproducible and two calls with
@@ -176,16 +198,11 @@ class TreeRolloutExecutor:
                              "prompt (a repeated prompt would draw the same seeds and the same rollouts)")
         if any(int(x) < 0 or int(x) == 1 for x in m):
             raise ValueError("m must hold 0 or values >= 2 (a single rollout forms no group)")
-        if expansion_N < 0:
-            raise ValueError(f"expansion_N must be >= 0, got {expansion_N}")
-        if method.expands and expansion_N > 0 and score_prefixes is None:
-            raise ValueError(f"method {method.name!r} expands prefixes: score_prefixes is required")
         if self.engine.num_pending:
             raise ValueError(f"the engine has {self.engine.num_pending} pending requests; it must be idle")
         self._rng = rng
         self._sampling_seed = self.agent.seed if sampling_seed is None else int(sampling_seed)
-        self._method = method
-        self._scorer = score_prefixes
+        self._expansion = expansion
         self._stats = RolloutStats()
         self._events: list[RolloutEvent] = []
         self._engine_step = 0
@@ -204,7 +221,7 @@ class TreeRolloutExecutor:
                 env = self.env_factory(task)
                 prompt_ids = render_prompt(self.tokenizer, task, env.tool_descriptions(), self.agent)
                 tree = RolloutTree(task.id, prompt_ids, info={"question": task.question})
-                budget = method.prefix_budget(int(mi), _spec_like(expansion_N))
+                budget = 0 if expansion is None else int(mi) * expansion.expansion_N
                 state = _Prompt(task=task, tree=tree, m=int(mi), prefix_budget=budget, bare_left=int(mi))
                 self._prompts.append(state)
                 self._start_group(len(self._prompts) - 1, "bare", ROOT, int(mi), first_env=env)
@@ -261,7 +278,7 @@ class TreeRolloutExecutor:
             if int(m.sum() + m_r.sum()) > spec.total:
                 raise AssertionError(f"{method.name}: rounds spend {int(m.sum() + m_r.sum())} > the budget "
                                      f"{spec.total}")
-            part = self.run(tasks, m_r.tolist(), method, spec.expansion_N, None, rng, sampling_seed=sampling_seed)
+            part = self.run(tasks, m_r.tolist(), None, rng, sampling_seed=sampling_seed)
             mixed += sum(_holds_both(t) for t in part.trees)
             parts.append(part)
             m += m_r
@@ -424,16 +441,18 @@ class TreeRolloutExecutor:
             self._start_group(pi, "continuation", ROOT, budget)
             return
         t = time.perf_counter()
-        p = np.asarray(self._scorer(tree, anchors), dtype=np.float64)  # type: ignore[misc]
+        expansion = self._expansion
+        assert expansion is not None  # a prefix budget exists only with an expansion
+        p = np.asarray(expansion.score_prefixes(tree, anchors), dtype=np.float64)
         self._stats.scoring_s += time.perf_counter() - t
         if p.shape != (len(anchors),):
             raise ValueError(f"score_prefixes returned shape {p.shape} for {len(anchors)} anchors")
         r = np.array([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors])
         r = (r > 0.5).astype(np.float64)
         turn = np.array([tree.nodes[a].depth for a in anchors])
-        K = self._method.allocate_prefixes(p, r, budget, turn, self._rng)
+        K = expansion.method.allocate_prefixes(p, r, budget, turn, self._rng)
         if int(K.sum()) != budget:
-            raise AssertionError(f"{self._method.name}: prefix allocation spent {int(K.sum())} of {budget}")
+            raise AssertionError(f"{expansion.method.name}: prefix allocation spent {int(K.sum())} of {budget}")
         for a, pa in zip(anchors, p, strict=True):
             tree.nodes[a].info["predicted_value"] = float(pa)
         self._k_by_anchor[state.task.id] = {int(a): int(k) for a, k in zip(anchors, K, strict=True) if k > 0}
@@ -458,11 +477,3 @@ def _timed_step(env: Environment, action: Action) -> tuple[Observation, float]:
     return obs, time.perf_counter() - t
 
 
-@dataclass(frozen=True)
-class _SpecLike:
-    expansion_N: int
-
-
-def _spec_like(expansion_N: int) -> Any:
-    """Method.prefix_budget only reads ``expansion_N``."""
-    return _SpecLike(expansion_N)

@@ -47,7 +47,7 @@ from trace_core.metrics import (
 )
 from trace_core.rollout.agent import render_prompt
 from trace_core.rollout.env import FixedTurnsEnvironment, Task
-from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor
+from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of
 from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
 from trace_core.seeding import derive_seed
 from trace_core.tracking import MLflowTracker, Tracker, tracked_run
@@ -230,9 +230,7 @@ class Trainer:
     # ------------------------------------------------------------------ measurement and warm-up
     def _bare_rollouts(self, tasks: list[Task], samples: int, seed: int):
         """``samples`` bare rollouts of every task, no expansion, sampled with ``seed``."""
-        from trace_core.rollout.executor import NO_EXPANSION
-
-        return self.executor.run(tasks, [samples] * len(tasks), NO_EXPANSION, 0, None,
+        return self.executor.run(tasks, [samples] * len(tasks), None,
                                  np.random.default_rng(seed), sampling_seed=seed)
 
     def measure_pool_success(self, step: int) -> dict[str, float]:
@@ -304,7 +302,8 @@ class Trainer:
                 return self.predictor.score_trees([tree], [list(nodes)])[0][list(nodes)]
 
             with prof.phase("rollout"):
-                result = self.executor.run(pool, m.tolist(), self.method, self.spec.expansion_N, score_prefixes,
+                result = self.executor.run(pool, m.tolist(), expansion_of(self.method, self.spec.expansion_N,
+                                                                          score_prefixes),
                                            self.rng, sampling_seed=self.sampling_seed(step))
         # Wall-time attribution: the executor's loop is either in the engine, in the prefix scorer,
         # or outside both (tool steps and restores, waiting for tool threads). stats.tool_s sums

@@ -76,7 +76,6 @@ def evaluate_policy(
     keep_examples: int = 3,
 ) -> EvalResult:
     """Roll out ``config.samples`` trajectories per task and score them with the environments."""
-    from trace_core.allocation import get_method
     from trace_core.rollout.engine import EngineConfig
     from trace_core.rollout.executor import TreeRolloutExecutor
     from trace_core.rollout.hf_engine import HFEngine
@@ -91,7 +90,7 @@ def evaluate_policy(
     t0 = time.perf_counter()
     try:
         executor = TreeRolloutExecutor(engine, engine.tokenizer, env_factory, agent, tool_workers=config.tool_workers)
-        result = executor.run(list(tasks), [config.samples] * len(tasks), get_method("grpo"), 0, None,
+        result = executor.run(list(tasks), [config.samples] * len(tasks), None,
                               np.random.default_rng(config.seed))
     finally:
         engine.close()
