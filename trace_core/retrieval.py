@@ -231,6 +231,22 @@ def load_corpus(path: str | Path, validate: bool = True) -> list[Passage]:
     return passages
 
 
+def ensure_index(index_dir: str | Path, corpus: str | Path, quiet: bool = True) -> Path:
+    """The retrieval index at ``index_dir``, built from the passage file ``corpus`` first if the
+    folder holds none (the one way the trainer, the evaluator and the warm start get their QA
+    index). Raises ValueError naming both paths when there is neither."""
+    index_dir, corpus = Path(index_dir), Path(corpus)
+    if (index_dir / _MANIFEST_FILE).is_file():
+        return index_dir
+    if not corpus.is_file():
+        raise ValueError(f"no retrieval index at {index_dir} and no corpus at {corpus} to build one from "
+                         "(python -m trace_core.retrieval build --corpus ... --out ...)")
+    report = build_index(load_corpus(corpus), index_dir, progress=False)
+    if not quiet:
+        print(report.summary())
+    return index_dir
+
+
 def build_index(
     passages: Sequence[Passage],
     out: str | Path,

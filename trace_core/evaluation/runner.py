@@ -215,24 +215,11 @@ def _env_factories(families: Sequence[str], config: EvalConfig,
         if family in out:
             continue
         if family == "qa":
-            ensure_qa_index(config)
+            from trace_core.retrieval import ensure_index
+
+            ensure_index(config.envs.qa.index_dir, config.qa_corpus or Path(config.data_dir) / "qa" / "corpus.jsonl")
         out[family] = make_env_factory(family, config.envs)
     return out
-
-
-def ensure_qa_index(config: EvalConfig) -> Path:
-    """The QA index at ``envs.qa.index_dir``, built from the corpus first if it holds none."""
-    index_dir = Path(config.envs.qa.index_dir)
-    if (index_dir / "manifest.json").is_file():
-        return index_dir
-    corpus = Path(config.qa_corpus or Path(config.data_dir) / "qa" / "corpus.jsonl")
-    if not corpus.is_file():
-        raise ValueError(f"no QA index at {index_dir} and no corpus at {corpus} to build one from "
-                         "(python -m trace_core.retrieval build --corpus ... --out ...)")
-    from trace_core.retrieval import build_index, load_corpus
-
-    build_index(load_corpus(corpus), index_dir, progress=False)
-    return index_dir
 
 
 class _RecordingEnv:

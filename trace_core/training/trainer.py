@@ -77,11 +77,10 @@ def load_tasks(cfg: TrainConfig) -> tuple[list[Task], Any]:
     tasks = read_tasks(path)
     retriever = None
     if t.family == "qa":
-        from trace_core.retrieval import RetrievalIndex, Retriever, build_index, load_corpus
+        from trace_core.retrieval import RetrievalIndex, Retriever, ensure_index
 
-        index_dir = Path(t.index_dir or Path(cfg.output_dir) / "qa_index")
-        if not (index_dir / "manifest.json").is_file():
-            build_index(load_corpus(Path(t.data_dir) / "qa" / "corpus.jsonl"), index_dir)
+        index_dir = ensure_index(t.index_dir or Path(cfg.output_dir) / "qa_index",
+                                 Path(t.data_dir) / "qa" / "corpus.jsonl")
         retriever = Retriever(RetrievalIndex.load(index_dir))
     factory = make_env_factory(t.family, t.envs, retriever=retriever)
     return tasks, factory

@@ -187,14 +187,10 @@ def env_factory(family: str, data_dir: str | Path, qa_index: str | Path):
 
 
 def ensure_qa_index(data_dir: str | Path, index_dir: str | Path) -> Path:
-    """Build the QA retriever index from ``data_dir/qa/corpus.jsonl`` unless ``index_dir`` has one."""
-    from trace_core.retrieval import build_index, load_corpus
+    """The QA retriever index at ``index_dir``, built from ``data_dir/qa/corpus.jsonl`` if missing."""
+    from trace_core.retrieval import ensure_index
 
-    index_dir = Path(index_dir)
-    if not (index_dir / "manifest.json").is_file():
-        report = build_index(load_corpus(Path(data_dir) / "qa" / "corpus.jsonl"), index_dir, progress=False)
-        print(report.summary())
-    return index_dir
+    return ensure_index(index_dir, Path(data_dir) / "qa" / "corpus.jsonl", quiet=False)
 
 
 def build_testbed(config: WarmStartConfig, out: Path) -> list[Script]:
