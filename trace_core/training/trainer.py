@@ -136,6 +136,8 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        if not cfg.progress:  # a pipeline step: say what the first silent seconds are spent on
+            print(f"progress: train {cfg.method}: loading the data, the policy and the rollout engine", flush=True)
         self.method = get_method(cfg.method)
         self.spec = cfg.budget.spec()
         self.estimator = get_advantage_estimator(cfg.advantage)
@@ -451,9 +453,9 @@ class Trainer:
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.method}",
                    disable=not cfg.progress, unit="step")
         self._activity = f"train {cfg.method}: starting"
-        # A progress line at least every 25 s naming what runs (a step's phase, the warm-up, a
+        # A progress line at least every 20 s naming what runs (a step's phase, the warm-up, a
         # pool-success measurement), also when the bar is off (a pipeline step).
-        with Heartbeat(lambda: str(self._activity), interval_s=25.0) as beat:
+        with Heartbeat(lambda: str(self._activity), interval_s=20.0) as beat:
             self._beat = beat
             return self._loop(start, bar, beat)
 

@@ -265,6 +265,8 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
     bar = tqdm(total=total, desc="sft", unit="step", disable=not config.progress)
     step = 0
     last_line = t0
+    if not config.progress:  # no bar (a pipeline step): say what starts, then a line every PROGRESS_LINE_S
+        print(f"progress: SFT: {total} steps of {config.batch_size} on {len(demos)} demonstrations", flush=True)
     while step < total:
         for idx in batch_order(demos, config.batch_size, rng):
             if step >= total:
