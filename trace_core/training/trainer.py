@@ -521,12 +521,12 @@ class Trainer:
         self.state.pending_files = []
 
     def _finish(self, last: dict[str, float]) -> dict[str, Any]:
-        import matplotlib.pyplot as plt
-
         from trace_core.training.plots import training_plots
 
         for name, fig in training_plots(self.state.history or {}).items():
             self.tracker.log_figure(fig, f"plots/{name}.png")
+            import matplotlib.pyplot as plt  # there are figures, so matplotlib is there
+
             plt.close(fig)  # logged: a long-lived process (a benchmark, the tests) must not keep every figure
         table = self.profiler.table()
         (self.out / "cost_breakdown.txt").write_text(table + "\n")
