@@ -267,34 +267,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     else:
         lost = "0" if lossy == 0 else f"not shown ({lossy} tracking/loop tests failed)"
     terminalreporter.write_line(f"{total} faults injected; records lost: {lost}")
-
-
-# ------------------------------------------------------------------------------------ heartbeat
-# A long test (the miniature pipeline, DVC in a clone, the two-process ZeRO run) prints no dot for
-# minutes; a line every 30 s names it, so that a slow suite is never mistaken for a hung one.
-_RUNNING: dict[str, object] = {"nodeid": None, "since": 0.0, "said": 0.0}
-
-
-def pytest_runtest_logstart(nodeid, location) -> None:
-    now = time.monotonic()
-    _RUNNING.update(nodeid=nodeid, since=now, said=now)
-
-
-def pytest_runtest_logfinish(nodeid, location) -> None:
-    _RUNNING["nodeid"] = None
-
-
-def _test_heartbeat() -> None:
-    while True:
-        time.sleep(2.0)
-        nodeid, now = _RUNNING["nodeid"], time.monotonic()
-        if nodeid and now - float(_RUNNING["said"]) >= 30.0:
-            _RUNNING["said"] = now
-            sys.__stdout__.write(f"\n  ... still running {nodeid} ({now - float(_RUNNING['since']):.0f} s)\n")
-            sys.__stdout__.flush()
-
-
-def pytest_sessionstart(session) -> None:
-    import threading
-
-    threading.Thread(target=_test_heartbeat, name="test-heartbeat", daemon=True).start()
