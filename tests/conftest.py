@@ -267,3 +267,45 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     else:
         lost = "0" if lossy == 0 else f"not shown ({lossy} tracking/loop tests failed)"
     terminalreporter.write_line(f"{total} faults injected; records lost: {lost}")
+
+
+# ------------------------------------------------------------------------------------ heartbeat
+# A long test (the miniature pipeline, DVC in a clone, the two-process ZeRO run) prints no dot for
+# minutes; a line every 30 s names it, so that a slow suite is never mistaken for a hung one. It is
+# written to the terminal's own file descriptor, which pytest keeps while it captures fd 1 (a
+# plain write from a thread during a test would land in that test's captured output).
+_RUNNING: dict[str, object] = {"nodeid": None, "since": 0.0, "said": 0.0}
+
+
+def _terminal_fd(config) -> int | None:
+    capman = config.pluginmanager.getplugin("capturemanager")
+    out = getattr(getattr(capman, "_global_capturing", None), "out", None)
+    fd = getattr(out, "targetfd_save", None)
+    return fd if isinstance(fd, int) else None
+
+
+def _test_heartbeat(fd: int) -> None:
+    while True:
+        time.sleep(2.0)
+        nodeid, now = _RUNNING["nodeid"], time.monotonic()
+        if nodeid and now - float(_RUNNING["said"]) >= 30.0:
+            _RUNNING["said"] = now
+            line = f"\n  ... still running {nodeid} ({now - float(_RUNNING['since']):.0f} s)\n"
+            os.write(fd, line.encode())
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    now = time.monotonic()
+    _RUNNING.update(nodeid=nodeid, since=now, said=now)
+
+
+def pytest_runtest_logfinish(nodeid, location) -> None:
+    _RUNNING["nodeid"] = None
+
+
+def pytest_collection_finish(session) -> None:
+    import threading
+
+    fd = _terminal_fd(session.config)
+    if fd is not None:
+        threading.Thread(target=_test_heartbeat, args=(fd,), name="test-heartbeat", daemon=True).start()
