@@ -234,6 +234,37 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 
 
+# ------------------------------------------------------------------------------------ fault injection
+class FaultyEngine:
+    """The real engine with a fault injected from its ``after``-th poll on: ``error`` is raised, or,
+    with ``error=None``, the poll hangs (a sleep in Python, which the guard's watchdog signal
+    interrupts). ``polls`` counts the polls made."""
+
+    def __init__(self, inner, after: int, error: BaseException | None) -> None:
+        self.inner, self.after, self.error, self.polls = inner, after, error, 0
+
+    def submit(self, requests):
+        self.inner.submit(requests)
+
+    def poll(self):
+        self.polls += 1
+        if self.polls >= self.after:
+            if self.error is not None:
+                raise self.error
+            time.sleep(3600)
+        return self.inner.poll()
+
+    @property
+    def num_pending(self):
+        return self.inner.num_pending
+
+    def load_weights(self, weights):
+        self.inner.load_weights(weights)
+
+    def close(self):
+        pass
+
+
 # ------------------------------------------------------------------------------------ fault summary
 _FAULT_AREAS = {"test_sandbox.py": "sandbox (hostile cells)", "test_sandbox_forgery.py": "sandbox (forged reports)",
                 "test_data_errors.py": "bad data", "test_tracking.py": "tracking store",

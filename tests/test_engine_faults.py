@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import FaultyEngine
 
 from trace_core.rollout.engine import GenerationRequest, SamplingConfig, generate
 from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
@@ -14,33 +15,7 @@ from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngi
 pytestmark = pytest.mark.faults  # counted in the fault-injection summary (engine)
 
 
-class _FaultAfter:
-    """The real engine, with a fault injected at its ``after``-th poll: ``crash`` raises, ``hang``
-    sleeps (in Python, so the watchdog's interrupt reaches it)."""
-
-    def __init__(self, inner, kind: str, after: int) -> None:
-        self.inner, self.kind, self.after, self.polls = inner, kind, after, 0
-
-    def submit(self, requests):
-        self.inner.submit(requests)
-
-    def poll(self):
-        self.polls += 1
-        if self.polls >= self.after:
-            if self.kind == "crash":
-                raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
-            time.sleep(3600)
-        return self.inner.poll()
-
-    @property
-    def num_pending(self):
-        return self.inner.num_pending
-
-    def load_weights(self, weights):
-        self.inner.load_weights(weights)
-
-    def close(self):
-        pass
+CRASH = RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
 
 
 def _requests(tag: str, n: int = 2) -> list[GenerationRequest]:
@@ -62,7 +37,7 @@ def test_a_healthy_engine_is_unchanged_behind_the_guard(hf_engine) -> None:
 
 
 def test_a_crash_in_the_engine_is_one_fault_naming_it_and_breaks_the_engine(hf_engine) -> None:
-    guarded = GuardedEngine(_FaultAfter(hf_engine, "crash", after=2), EngineGuardConfig(poll_timeout_s=30))
+    guarded = GuardedEngine(FaultyEngine(hf_engine, 2, CRASH), EngineGuardConfig(poll_timeout_s=30))
     try:
         with pytest.raises(EngineFault, match="failed in poll: RuntimeError: CUDA error") as err:
             generate(guarded, _requests("crash"))
@@ -75,7 +50,7 @@ def test_a_crash_in_the_engine_is_one_fault_naming_it_and_breaks_the_engine(hf_e
 
 
 def test_a_hung_engine_is_interrupted_and_reported(hf_engine) -> None:
-    guarded = GuardedEngine(_FaultAfter(hf_engine, "hang", after=1), EngineGuardConfig(poll_timeout_s=0.5))
+    guarded = GuardedEngine(FaultyEngine(hf_engine, 1, None), EngineGuardConfig(poll_timeout_s=0.5))
     try:
         t0 = time.monotonic()
         with pytest.raises(EngineFault, match=r"hung: one engine step \(poll\) did not return within 0.5 s"):
@@ -88,11 +63,11 @@ def test_a_hung_engine_is_interrupted_and_reported(hf_engine) -> None:
 
 
 def test_a_users_interrupt_is_not_taken_for_a_hang(hf_engine) -> None:
-    class _Interrupted(_FaultAfter):
+    class _Interrupted(FaultyEngine):
         def poll(self):
             raise KeyboardInterrupt
 
-    guarded = GuardedEngine(_Interrupted(hf_engine, "crash", after=1), EngineGuardConfig(poll_timeout_s=30))
+    guarded = GuardedEngine(_Interrupted(hf_engine, 1, CRASH), EngineGuardConfig(poll_timeout_s=30))
     try:
         with pytest.raises(KeyboardInterrupt):
             generate(guarded, _requests("ctrl-c"))

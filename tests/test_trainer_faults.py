@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import FaultyEngine
 
 from trace_core.config import load_config
 from trace_core.training.config import TrainConfig
@@ -76,32 +77,6 @@ def test_a_stop_at_every_phase_boundary_loses_and_doubles_nothing(boundary, step
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
-class _CrashAfter:
-    """The real engine, raising at its ``after``-th poll (a device error deep in the engine)."""
-
-    def __init__(self, inner, after: int) -> None:
-        self.inner, self.after, self.polls = inner, after, 0
-
-    def submit(self, requests):
-        self.inner.submit(requests)
-
-    def poll(self):
-        self.polls += 1
-        if self.polls == self.after:
-            raise RuntimeError("device lost (injected)")
-        return self.inner.poll()
-
-    @property
-    def num_pending(self):
-        return self.inner.num_pending
-
-    def load_weights(self, weights):
-        self.inner.load_weights(weights)
-
-    def close(self):
-        pass
-
-
 def test_an_engine_crash_mid_step_stops_with_a_clear_error_and_resumes(hf_engine, tiny_models, server,
                                                                        tmp_path) -> None:
     from mlflow.tracking import MlflowClient
@@ -110,12 +85,13 @@ def test_an_engine_crash_mid_step_stops_with_a_clear_error_and_resumes(hf_engine
 
     out = tmp_path / "crash"
     cfg = load_config(TrainConfig, None, _overrides(tiny_models[0], out, server.uri, steps=3))
-    probe = Trainer(cfg, engine=_CrashAfter(hf_engine, after=10 ** 9))  # count the polls of one step
+    probe = Trainer(cfg, engine=FaultyEngine(hf_engine, 10 ** 9, None))  # count the polls of one step
     try:
         probe.train_step()
         per_step = probe.engine.inner.polls
         probe.engine.stop_watchdog()
-        crashing = _CrashAfter(hf_engine, after=per_step + per_step // 2)  # in the middle of step 1
+        # in the middle of step 1
+        crashing = FaultyEngine(hf_engine, per_step + per_step // 2, RuntimeError("device lost (injected)"))
         with pytest.raises(EngineFault, match=r"step 1: the rollout engine failed in poll: RuntimeError: device "
                                               r"lost \(injected\).*last complete checkpoint is step_000001"):
             Trainer(load_config(TrainConfig, None, _overrides(tiny_models[0], out / "run", server.uri, steps=3)),
