@@ -19,17 +19,18 @@ from trace_core.training.config import TrainConfig
 # warm-started policy, a few short steps per method, on the embedded testbed (multi-hop QA; see
 # trace_core.warmstart.testbed): the RL pool is the testbed's pool, the predictor is fitted first
 # on its warm-up split. "{testbed}" is the warm-start step's testbed folder, filled in by the
-# train step. GRPO forms M(1+N)/G = 8 groups a step: 4 steps give it 32 groups.
+# train step. GRPO forms M(1+N)/G = 8 groups a step: 10 steps (the benchmark's run length,
+# bench/train_compare.py) give it 80 groups, and each method 640 training rollouts.
 TESTBED = "{testbed}"
 EMBEDDED_TRAIN: dict[str, Any] = {
-    "steps": 4,
+    "steps": 10,
     "progress": False,
     "policy_model": "runs/pipeline/warm_start/policy",  # replaced by the warm-start step's output
     "output_dir": "runs/pipeline/train",  # replaced per method by the train step
     "task": {"family": "qa", "data_dir": "data", "train_file": f"{TESTBED}/pool.jsonl"},
     "budget": {"roots_M": 32, "expansion_N": 1, "group_size_G": 8, "max_per_prompt": 8, "pool_factor": 4},
     "pool_success": {"samples": 2, "at_steps": [0], "at_end": True},
-    "predictor_warmup": {"task_file": f"{TESTBED}/warmup.jsonl", "samples": 4, "updates": 150},
+    "predictor_warmup": {"task_file": f"{TESTBED}/warmup.jsonl", "samples": 4},
     "engine": {"kind": "vllm", "max_model_len": 2048, "kv_cache_mb": 128},
     "agent": {"max_turns": 5, "max_new_tokens": 96, "max_total_tokens": 2048},  # 2-4 hops + the answer
     "policy": {"lr": 1e-4, "micro_batches": 1, "zero_stage": 2, "dist_backend": "gloo"},

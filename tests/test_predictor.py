@@ -187,6 +187,24 @@ def test_learning_rates_per_spec(tmp_path) -> None:
     assert PredictorConfig().resolved_learning_rate() == PredictorConfig().tiny_learning_rate
 
 
+def test_fit_and_online_updates_use_their_own_learning_rates() -> None:
+    tiny = PredictorConfig()
+    assert tiny.resolved_online_learning_rate() == tiny.tiny_online_learning_rate < tiny.tiny_learning_rate
+    assert PredictorConfig(learning_rate=2e-3).resolved_online_learning_rate() == 2e-3
+    assert PredictorConfig(learning_rate=2e-3, online_learning_rate=5e-4).resolved_online_learning_rate() == 5e-4
+    assert PredictorConfig(backbone_path="x", task_family="math").resolved_online_learning_rate() == 1.5e-5
+    with pytest.raises(ValueError, match="online_learning_rate"):
+        PredictorConfig(online_learning_rate=0.0)
+    predictor = SuccessPredictor(tiny_config())
+    trees = [random_tree(s) for s in range(6)]
+    predictor.fit(trees, 1)
+    assert {g["lr"] for g in predictor.optimizer.param_groups} == {tiny.tiny_learning_rate}
+    predictor.update(trees)
+    assert {g["lr"] for g in predictor.optimizer.param_groups} == {tiny.tiny_online_learning_rate}
+    predictor.fit(trees, 1)  # a later fit is a fit again
+    assert {g["lr"] for g in predictor.optimizer.param_groups} == {tiny.tiny_learning_rate}
+
+
 # ---------------------------------------------------------------------------- supervised set
 def test_supervised_set_selection() -> None:
     tree = RolloutTree("p", prompt_token_ids=[1])
@@ -284,8 +302,8 @@ def test_infinite_learning_rate_is_rolled_back() -> None:
     opt_state = predictor.optimizer.state_dict()["state"]
     state0 = {k: {n: t.clone() for n, t in v.items()} for k, v in opt_state.items()}
     steps0 = predictor.optimizer_steps
-    for group in predictor.optimizer.param_groups:
-        group["lr"] = float("inf")
+    # an infinite online rate (past the config's own check) makes every step non-finite
+    object.__setattr__(predictor.config, "online_learning_rate", float("inf"))
     out = predictor.update(trees)
     assert out["skipped"] == out["optimizer_steps"] + out["skipped"] > 0
     assert predictor.optimizer_steps == steps0

@@ -150,6 +150,7 @@ class SuccessPredictor:
         # Training reads this step's trees and the replayed ones (config.replay_steps); the
         # diagnostics above read this step's alone, scored before any weight changed.
         train_trees = [t for step in self.replayed for t in step] + trees
+        self._use_learning_rate(self.config.resolved_online_learning_rate())
         train_candidates = supervised_set(train_trees, self.config.min_leaves) if self.replayed else candidates
         examples, n_prefixes = sample_examples(train_candidates, self.config.prefix_share, self.rng,
                                                self.config.min_prefix_examples)
@@ -171,6 +172,7 @@ class SuccessPredictor:
         candidates = supervised_set(trees, self.config.min_leaves)
         stats: dict[str, float] = {}
         first = float("nan")
+        self._use_learning_rate(self.config.resolved_learning_rate())
         for i in range(updates):
             examples, n_prefixes = sample_examples(candidates, self.config.prefix_share, self.rng,
                                                    self.config.min_prefix_examples)
@@ -179,6 +181,11 @@ class SuccessPredictor:
             if i == 0:
                 first = stats["loss"]
         return {**stats, "first_loss": first, "updates": float(updates)}
+
+    def _use_learning_rate(self, lr: float) -> None:
+        """The fit from random weights and the online updates use their own rates (config)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def _complete_predictions(
         self, trees: list[RolloutTree], predictions: Sequence[np.ndarray], nodes: list[list[int]]

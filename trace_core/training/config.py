@@ -111,7 +111,11 @@ class PredictorWarmupConfig:
 
     task_file: str | None = None  # normalized JSONL of the warm-up questions (None: no warm-up, a cold predictor)
     samples: int = 4  # bare rollouts per warm-up question (>= 2: a tree-backed target needs a group)
-    updates: int = 150  # training rounds over the warm-up trees (the tiny predictor's loss has settled by then)
+    # Training rounds over the warm-up trees. The tiny predictor's training loss has settled by 150,
+    # but its calibration on other questions keeps improving to ~300 (on the testbed's pool, against
+    # the measured success: Brier 0.135 -> 0.122, log-loss 0.444 -> 0.433, mean bias +0.03 -> 0.00;
+    # 600 gave 0.123 / 0.469); each round costs ~0.3 s on one core.
+    updates: int = 300
     seed: int = 0  # the warm-up rollouts' sampling seed (the same for every method and run seed)
 
     def __post_init__(self) -> None:
