@@ -340,3 +340,16 @@ def pytest_collection_finish(session) -> None:
     fd = _terminal_fd(session.config)
     if fd is not None:
         threading.Thread(target=_test_heartbeat, args=(fd,), name="test-heartbeat", daemon=True).start()
+
+
+def tiny_overrides(model_dir: Path, out: Path, uri: str, method: str, steps: int = 1) -> list[str]:
+    """TrainConfig overrides of a seconds-long run: the tiny policy on fixed-turn tasks, tiny budgets."""
+    return [
+        f"method={method}", f"steps={steps}", f"policy_model={model_dir}", f"output_dir={out}",
+        "task.family=fixed-turns", "task.fixed_turns=3", "task.synthetic_prompts=16",
+        "budget.roots_M=8", "budget.expansion_N=1", "budget.group_size_G=4", "budget.max_per_prompt=4",
+        "budget.pool_factor=1", "agent.max_new_tokens=8", "agent.max_total_tokens=1024",
+        "engine.max_model_len=1024", "engine.kv_cache_mb=64", "policy.lr=1e-3", "policy.micro_batches=1",
+        "predictor.tiny_hidden_size=32", "predictor.tiny_intermediate_size=64", "progress=false",
+        f"tracking.tracking_uri={uri}", "tracking.experiment=trainer-tests", "tracking.retry_interval_s=0",
+    ]
