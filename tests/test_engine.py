@@ -97,6 +97,24 @@ def test_engines_satisfy_the_protocol(engine):
     assert isinstance(engine, RolloutEngine)
 
 
+def test_build_engine_makes_the_kind_its_config_names(tiny_models, monkeypatch):
+    from conftest import engine_config
+
+    from trace_core.rollout import build_engine, kv_cache_bytes_on_cpu, vllm_engine
+    from trace_core.rollout.hf_engine import HFEngine
+
+    hf = build_engine(engine_config(tiny_models[0], kind="hf"))
+    assert isinstance(hf, HFEngine) and hf.config.kind == "hf"
+    hf.close()
+    built = []
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", built.append)  # no 25 s start-up for a dispatch check
+    build_engine(engine_config(tiny_models[0]))
+    assert [c.kind for c in built] == ["vllm"]
+    with pytest.raises(ValueError, match="kind"):
+        EngineConfig(model_path="m", kind="sglang")
+    assert kv_cache_bytes_on_cpu(64) == (None if torch.cuda.is_available() else 64 << 20)
+
+
 def test_vllm_logprobs_match_transformers(vllm_engine, hf_engine, reference_models):
     tok = hf_engine.tokenizer
     reqs = [GenerationRequest(f"lp{i}", _prompt(tok, text), SamplingConfig(n=2, max_new_tokens=24, seed=i,

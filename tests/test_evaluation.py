@@ -104,6 +104,19 @@ def _result(name: str, rows: dict[str, tuple[str, str, float]], averages: dict[s
     return EvalResult(name, f"/ckpt/{name}", "pass_at_1", 4, True, benches, averages)
 
 
+def test_engine_settings_give_one_engine_config() -> None:
+    import torch
+
+    settings = EvalEngineSettings(kind="hf", dtype="bfloat16", block_size=16, kv_cache_mb=8, max_num_seqs=4,
+                                  tensor_parallel_size=2, multiprocess=True)
+    ec = settings.engine_config("ckpt", seed=7, max_model_len=512)
+    assert (ec.model_path, ec.kind, ec.dtype, ec.seed, ec.max_model_len, ec.block_size) == (
+        "ckpt", "hf", "bfloat16", 7, 512, 16)
+    assert (ec.max_num_seqs, ec.tensor_parallel_size, ec.multiprocess) == (4, 2, True)
+    assert ec.gpu_memory_utilization == settings.gpu_memory_utilization == 0.85
+    assert ec.kv_cache_bytes == (None if torch.cuda.is_available() else 8 << 20)
+
+
 def test_comparison_table_layout_and_result_round_trip(tmp_path: Path) -> None:
     grpo = _result("GRPO", {"aime": ("math", "in", 0.2), "amc": ("math", "in", 0.5),
                             "gpqa": ("math", "out", 0.3), "hotpot": ("qa", "in", 0.4)},

