@@ -237,7 +237,7 @@ def build_tiny_qwen3(out_dir: str | Path, config: TinyQwen3Config = TinyQwen3Con
     ``vllm``. A ``tiny_qwen3.json`` file records the config that built it.
     """
     import torch
-    from transformers import GenerationConfig, Qwen3Config
+    from transformers import GenerationConfig
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -245,7 +245,7 @@ def build_tiny_qwen3(out_dir: str | Path, config: TinyQwen3Config = TinyQwen3Con
     n_tokens = len(tok)
     padded_vocab = -(-n_tokens // config.vocab_pad_multiple) * config.vocab_pad_multiple
     im_end, eot = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    model_config = Qwen3Config(
+    model_config = tiny_qwen3_config(
         vocab_size=padded_vocab,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -254,8 +254,7 @@ def build_tiny_qwen3(out_dir: str | Path, config: TinyQwen3Config = TinyQwen3Con
         num_key_value_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
         max_position_embeddings=config.max_position_embeddings,
-        initializer_range=config.init_std,
-        tie_word_embeddings=False,
+        init_std=config.init_std,
         bos_token_id=eot,
         eos_token_id=im_end,
         pad_token_id=eot,
@@ -266,6 +265,34 @@ def build_tiny_qwen3(out_dir: str | Path, config: TinyQwen3Config = TinyQwen3Con
     tok.save_pretrained(out)
     (out / "tiny_qwen3.json").write_text(json.dumps(asdict(config), indent=2, sort_keys=True) + "\n")
     return out
+
+
+def tiny_qwen3_config(*, vocab_size: int, hidden_size: int, intermediate_size: int, num_hidden_layers: int,
+                      num_attention_heads: int, num_key_value_heads: int, head_dim: int,
+                      max_position_embeddings: int, init_std: float, bos_token_id: int | None = None,
+                      eos_token_id: int | None = None, pad_token_id: int | None = None):
+    """The ``transformers.Qwen3Config`` of every tiny random Qwen3 here: the policy of
+    :func:`build_tiny_qwen3` and the predictor's tiny backbone. Embeddings are untied (as in the
+    Qwen3 family, and as the policy's tests of the LM head need), attention has no dropout, and
+    ``init_std`` is the std the weights are drawn with."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=init_std,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+    )
 
 
 def init_tiny_qwen3(model_config, seed: int):

@@ -15,10 +15,10 @@ from trace_core.predictor.config import PredictorConfig
 
 
 def tiny_backbone_config(config: PredictorConfig):
-    """The ``Qwen3Config`` of a tiny random backbone (untied embeddings, as the Qwen3 family)."""
-    from transformers import Qwen3Config
+    """The ``Qwen3Config`` of a tiny random backbone (:func:`trace_core.models.tiny_qwen3_config`)."""
+    from trace_core.models import tiny_qwen3_config
 
-    qc = Qwen3Config(
+    return tiny_qwen3_config(
         vocab_size=config.vocab_size,
         hidden_size=config.tiny_hidden_size,
         intermediate_size=config.tiny_intermediate_size,
@@ -27,11 +27,8 @@ def tiny_backbone_config(config: PredictorConfig):
         num_key_value_heads=config.tiny_num_kv_heads,
         head_dim=config.tiny_head_dim,
         max_position_embeddings=config.tiny_max_positions,
-        initializer_range=config.init_std,
-        tie_word_embeddings=False,
-        attention_dropout=0.0,
+        init_std=config.init_std,
     )
-    return qc
 
 
 def backbone_attention(attn_implementation: str) -> str:
