@@ -16,13 +16,13 @@ def register(
 ) -> str:
     """Register ``trained/policy`` as a new version of ``registry.model_name`` and move the
     ``champion`` alias to it only when its evaluation score beats the champion's
-    (``trace_core.registry_mlflow``). Registering the same result again changes nothing.
+    (``pipelines.registry``). Registering the same result again changes nothing.
     Returns the decision as JSON."""
     import dataclasses
     import json
     from pathlib import Path
 
-    from trace_core.registry_mlflow import register_policy
+    from pipelines.registry import register_policy
 
     reg = json.loads(registry_config)
     decision = register_policy(

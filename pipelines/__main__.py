@@ -92,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("run executes on this machine only with --local; use `submit` for a cluster", file=sys.stderr)
         return 2
     from pipelines.local import compare_url, run_local, ui_command
-    from trace_core.registry_mlflow import champion, latest_version
+    from pipelines.registry import champion, latest_version
 
     cfg = load(args)
     t0 = time.perf_counter()

@@ -5,7 +5,7 @@ Every task runs in a subprocess of this venv's interpreter (``SubprocessRunner(u
 configuration are made absolute first, so the tasks agree on them. KFP's own output (each
 task's executor input and logs) goes to ``<workspace>/logs/<time>.log``; the console shows one
 line per task. What is up to date is reused by the components themselves
-(:class:`trace_core.lineage.StageCache` under the workspace): ``kfp.local`` has no cache.
+(:class:`pipelines.lineage.StageCache` under the workspace): ``kfp.local`` has no cache.
 """
 
 from __future__ import annotations

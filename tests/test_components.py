@@ -3,6 +3,7 @@ data. (The registry's promotion rule is tested in test_pipeline.py, next to its 
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import sys
@@ -10,11 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from trace_core.lineage import LINEAGE_KEYS, StageCache, config_hash, fingerprint, lineage_tags, tree_digest
-
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # components/ and pipelines/ live at the repository root
     sys.path.insert(0, str(REPO))
+
+from pipelines.lineage import (  # noqa: E402
+    LINEAGE_KEYS,
+    StageCache,
+    config_hash,
+    fingerprint,
+    lineage_tags,
+    tree_digest,
+)
 
 
 # --------------------------------------------------------------------------------------- lineage
@@ -43,7 +51,7 @@ def test_tree_digest_follows_content_and_names(tmp_path: Path) -> None:
 
 
 def test_code_digest_follows_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trace_core.lineage import code_digest
+    from pipelines.lineage import code_digest
 
     pkg = tmp_path / "digestpkg"
     pkg.mkdir()
@@ -150,3 +158,44 @@ def test_prepare_data_fails_the_run_on_invalid_data(embedded_data, tmp_path: Pat
     with pytest.raises(ValueError, match="records 00000000000000000000000000000000.dir"):
         _prepare(tmp_path, {"source": "regenerate", "data_dir": "x", "dvc_file": str(wrong)},
                  f"sqlite:///{tmp_path / 'mlflow.db'}", "wrong")
+
+
+# --------------------------------------------------------------------------------------- thin components
+def _component_functions() -> list[tuple[Path, ast.FunctionDef]]:
+    found = []
+    for path in sorted((REPO / "components").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any("component" in ast.unparse(d) for d in node.decorator_list):
+                found.append((path, node))
+    return found
+
+
+def test_every_component_body_is_a_thin_call() -> None:
+    """A component unpacks its artifacts and calls its step; the work lives in pipelines/ and trace_core/."""
+    functions = _component_functions()
+    assert {p.stem for p, _ in functions} == {p.stem for p in (REPO / "components").glob("*.py")} - {"__init__"}
+    for path, fn in functions:
+        lines = fn.end_lineno - fn.body[0].lineno + 1
+        assert lines <= 40, f"{path.name}: {fn.name}'s body is {lines} lines"
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                top = node.module.split(".")[0]
+                assert top in ("pipelines", "trace_core") or top in sys.stdlib_module_names, (path.name, node.module)
+
+
+def test_the_components_package_leaves_sys_path_alone() -> None:
+    tree = ast.parse((REPO / "components" / "__init__.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and ast.unparse(n) == "sys.path"]
+
+
+def test_every_component_body_imports_from_the_repository_root_alone() -> None:
+    """What KFP runs is the body's source alone, in a fresh interpreter whose sys.path holds the
+    working directory (``python3 -m``): each import of every body must resolve from there."""
+    import subprocess
+
+    imports = sorted({ast.unparse(node) for _, fn in _component_functions() for node in ast.walk(fn)
+                      if isinstance(node, ast.Import | ast.ImportFrom)})
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}  # no PYTHONPATH: only the working directory
+    out = subprocess.run([sys.executable, "-c", "\n".join(imports)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]

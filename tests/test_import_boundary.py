@@ -4,6 +4,7 @@ engineer calls trace_core from their own trainer without installing or loading e
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -11,14 +12,27 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FORBIDDEN = ("kfp", "mlflow", "pipelines", "components")
+# The layers above the library: never imported by it, not even inside a function (kfp and mlflow
+# may be, lazily, by the tracker; pipelines and components never).
+ABOVE = ("pipelines", "components")
 
 PROBE = """
-import importlib, json, pkgutil, sys
-import trace_core
-names = sorted(m.name for m in pkgutil.walk_packages(trace_core.__path__, "trace_core.")
-               if not m.name.endswith("__main__"))
+import importlib, json, pathlib, sys
 culprits = {}
-for name in names:
+import trace_core
+if any(f in sys.modules for f in FORBIDDEN):
+    culprits["trace_core"] = [f for f in FORBIDDEN if f in sys.modules]
+# Module names from the files, not pkgutil.walk_packages: walking imports every package first, and
+# what a package's __init__ pulls in would then be in sys.modules before any module is checked.
+root = pathlib.Path(trace_core.__file__).parent
+names = []
+for path in sorted(root.rglob("*.py")):
+    parts = path.relative_to(root).with_suffix("").parts
+    packages = [root.joinpath(*parts[:i]) for i in range(1, len(parts))]
+    if parts[-1] == "__main__" or not all((p / "__init__.py").is_file() for p in packages):
+        continue
+    names.append(".".join(("trace_core", *(parts[:-1] if parts[-1] == "__init__" else parts))))
+for name in sorted(set(names) - {"trace_core"}):
     before = {f for f in FORBIDDEN if f in sys.modules}
     importlib.import_module(name)
     new = [f for f in FORBIDDEN if f in sys.modules and f not in before]
@@ -37,3 +51,18 @@ def test_every_trace_core_module_imports_without_the_pipeline_stack() -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["modules"] > 40, result
     assert result["culprits"] == {}, f"trace_core modules that import the pipeline stack: {result['culprits']}"
+
+
+def test_no_trace_core_source_imports_the_layers_above_it() -> None:
+    """Also the imports inside functions, which importing a module does not run."""
+    culprits = []
+    for path in sorted((REPO / "trace_core").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            culprits += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in ABOVE]
+    assert culprits == [], "trace_core imports the pipeline layers: " + "; ".join(culprits)

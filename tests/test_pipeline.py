@@ -241,7 +241,7 @@ def _run(uri: str, name: str, tmp_path: Path) -> str:
 
 
 def test_a_worse_retrain_is_registered_but_not_promoted(server, tmp_path: Path) -> None:
-    from trace_core.registry_mlflow import champion, download_policy, register_policy, starting_point
+    from pipelines.registry import champion, download_policy, register_policy, starting_point
 
     name = "policy-registry-test"
     assert champion(server.uri, name) is None and starting_point(server.uri, name) is None
@@ -288,8 +288,8 @@ def local_run(server, tmp_path_factory):
 def test_miniature_local_pipeline_runs_end_to_end(local_run, server) -> None:
     from mlflow.tracking import MlflowClient
 
-    from trace_core.lineage import LINEAGE_KEYS
-    from trace_core.registry_mlflow import champion
+    from pipelines.lineage import LINEAGE_KEYS
+    from pipelines.registry import champion
 
     cfg, first = local_run
     assert set(first.training_runs) == {"grpo", "trace"}
