@@ -28,6 +28,7 @@ import pytest
 
 from trace_core.allocation import get_method
 from trace_core.data import arith, bfcl, kb
+from trace_core.envs.common import SingleToolEnvironment, function_tool
 from trace_core.envs.fc_env import (
     FCEnvConfig,
     FCEnvironment,
@@ -51,7 +52,7 @@ from trace_core.retrieval import (
 )
 from trace_core.rollout.agent import AgentConfig
 from trace_core.rollout.engine import Completion, EngineConfig, GenerationRequest, Sample
-from trace_core.rollout.env import Action, Environment, Episode, Task, parse_action
+from trace_core.rollout.env import Action, Environment, Episode, Observation, Task, parse_action
 from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of
 
 needs_sandbox = pytest.mark.skipif(
@@ -475,6 +476,32 @@ def test_retrieval_bad_inputs(tmp_path: Path, kb_data) -> None:
     e5 = RetrieverConfig(encoder="e5-base-v2")  # the cluster's encoder: config and prefixes only here
     assert e5.prefixes() == ("query: ", "passage: ") and e5.resolved_model_path() == "intfloat/e5-base-v2"
     assert RetrieverConfig(encoder="e5-base-v2", query_prefix="").prefixes() == ("", "passage: ")
+
+
+class _EchoEnvironment(SingleToolEnvironment):
+    """A new tool environment writes only its tool: here an ``echo`` of its ``text`` argument."""
+
+    tool = function_tool("echo", "Repeat the text.", {"text": {"type": "string"}}, ["text"])
+
+    def _call(self, text: str) -> Observation:
+        return Observation(text=text.upper())
+
+
+def test_single_tool_base_guards_every_step() -> None:
+    env = _EchoEnvironment()
+    assert isinstance(env, Environment) and env.tool_descriptions() == [_EchoEnvironment.tool]
+    with pytest.raises(ValueError, match="before reset"):
+        env.step(Action(raw="", tool="echo", arguments={"text": "hi"}))
+    env.reset(Task("t", "q"))
+    assert env.step(Action(raw="", tool="echo", arguments={"text": "hi"})) == Observation(text="HI")
+    assert env.step(Action(raw="", tool="python", arguments={"text": "hi"})) == Observation(
+        text="Error: unknown tool 'python'; the only tool is 'echo'.", tool_error=True)
+    assert env.step(Action(raw="", tool="echo", arguments={"text": " "})) == Observation(
+        text='Error: the echo tool needs a non-empty string argument "text".', tool_error=True)
+    assert env.step(parse_action("no action")).text.startswith("Invalid action: no <tool_call>")
+    assert env.step(parse_action("<answer>x</answer>")) == Observation(text="", done=True)
+    with pytest.raises(TypeError, match="exactly one required argument"):
+        type("TwoArgs", (SingleToolEnvironment,), {"tool": function_tool("f", "", {}, ["a", "b"])})
 
 
 def test_qa_metrics_and_tool_errors(retriever: Retriever) -> None:

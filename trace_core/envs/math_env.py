@@ -41,9 +41,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_core.envs.common import function_tool, invalid_action, tool_error, truncate
+from trace_core.envs.common import SingleToolEnvironment, function_tool, truncate
 from trace_core.envs.sandbox import PythonSandbox, PythonToolSession, SandboxConfig, ToolSnapshot
-from trace_core.rollout.env import Action, Episode, Observation, Task
+from trace_core.rollout.env import Episode, Observation, Task
 
 PYTHON_TOOL = function_tool(
     "python",
@@ -94,37 +94,25 @@ class MathSnapshot:
         return cls(Task(**data["task"]), ToolSnapshot.from_json(data["tool"]))
 
 
-class MathEnvironment:
+class MathEnvironment(SingleToolEnvironment):
     """The ``python`` tool of one math episode and its reward (see the module docstring).
 
     ``sandbox`` is shared by all instances (it is thread-safe and verified once)."""
 
+    tool = PYTHON_TOOL
+
     def __init__(self, sandbox: PythonSandbox, config: MathEnvConfig | None = None) -> None:
+        super().__init__()
         self.sandbox = sandbox
         self.config = config or MathEnvConfig()
-        self._task: Task | None = None
         self._session: PythonToolSession | None = None
 
-    def tool_descriptions(self) -> list[dict[str, Any]]:
-        return [PYTHON_TOOL]
-
-    def reset(self, task: Task) -> None:
-        self._task = task
+    def _start(self, task: Task) -> None:
         self._session = PythonToolSession(self.sandbox, self.config.replay_time_factor,
                                           self.config.replay_slack_seconds)
 
-    def step(self, action: Action) -> Observation:
-        if self._session is None:
-            raise ValueError("step() before reset(): the environment has no episode")
-        if action.final_answer is not None:
-            return Observation(text="", done=True)
-        if action.error is not None:
-            return invalid_action(action)
-        if action.tool != "python":
-            return tool_error(f"unknown tool {action.tool!r}; the only tool is 'python'.")
-        code = action.arguments.get("code")
-        if not isinstance(code, str) or not code.strip():
-            return tool_error('the python tool needs a non-empty string argument "code".')
+    def _call(self, code: str) -> Observation:
+        assert self._session is not None
         text = self._session.run(code)
         result = self._session.last_result
         failed = result is None or not result.completed or result.error is not None

@@ -26,11 +26,10 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from trace_core.envs.common import function_tool, invalid_action, tool_error
+from trace_core.envs.common import SingleToolEnvironment, function_tool
 from trace_core.retrieval import Hit, Retriever
-from trace_core.rollout.env import Action, Episode, Observation, Task
+from trace_core.rollout.env import Episode, Observation, Task
 
 SEARCH_TOOL = function_tool(
     "search",
@@ -76,36 +75,23 @@ def format_hits(hits: Sequence[Hit], max_passage_chars: int) -> str:
     return "\n".join(lines)
 
 
-class QAEnvironment:
+class QAEnvironment(SingleToolEnvironment):
     """The ``search`` tool of one QA episode and its reward (see the module docstring).
 
     ``retriever`` is shared by all instances (loaded once by the factory; thread-safe)."""
 
+    tool = SEARCH_TOOL
+
     def __init__(self, retriever: Retriever, config: QAEnvConfig | None = None) -> None:
+        super().__init__()
         self.retriever = retriever
         self.config = config or QAEnvConfig()
-        self._task: Task | None = None
         self._queries: list[str] = []
 
-    def tool_descriptions(self) -> list[dict[str, Any]]:
-        return [SEARCH_TOOL]
-
-    def reset(self, task: Task) -> None:
-        self._task = task
+    def _start(self, task: Task) -> None:
         self._queries = []
 
-    def step(self, action: Action) -> Observation:
-        if self._task is None:
-            raise ValueError("step() before reset(): the environment has no episode")
-        if action.final_answer is not None:
-            return Observation(text="", done=True)
-        if action.error is not None:
-            return invalid_action(action)
-        if action.tool != "search":
-            return tool_error(f"unknown tool {action.tool!r}; the only tool is 'search'.")
-        query = action.arguments.get("query")
-        if not isinstance(query, str) or not query.strip():
-            return tool_error('the search tool needs a non-empty string argument "query".')
+    def _call(self, query: str) -> Observation:
         query = query.strip()[: self.config.max_query_chars]
         self._queries.append(query)
         hits = self.retriever.search(query, self.config.top_k)
