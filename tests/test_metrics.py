@@ -18,6 +18,7 @@ from trace_core.metrics import (
     reward_stats,
     root_and_prefix_pairs,
     spearman,
+    step_metrics,
 )
 from trace_core.tree import ROOT, RolloutTree
 
@@ -258,3 +259,26 @@ def test_reward_stats() -> None:
     assert none.num_trajectories == 0 and math.isnan(none.mean_reward)
     with pytest.raises(ValueError, match="kind must be"):
         reward_stats([tree], kind="roots")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- one step
+def test_step_metrics_count_every_rollout_and_train_only_on_the_kept_trees() -> None:
+    trees = [make_tree("a", [1, 0, 1]), make_tree("b", [1, 1]), make_tree("c", [0, 1])]
+    kept = [True, True, False]  # c: a mixed group a group filter dropped
+    adv = [tree_advantages(t) for t in trees[:2]]
+    k, pos = anchor_allocation(trees)
+    alloc = allocation_stats([3, 2, 2, 0], k, pos, trees)
+    m = step_metrics(trees, kept, adv, alloc, rounds=2)
+    assert m["effective_ratio"] == pytest.approx(2 / 3)  # every sampled group, c included
+    assert m["counts/mixed_groups"] == 2 and m["counts/mixed_groups_trained"] == 1
+    assert m["counts/rollouts"] == 7 and m["rollouts_per_mixed_group"] == 7.0
+    assert m["mixed_groups_per_100_rollouts"] == pytest.approx(100 / 7)
+    assert m["counts/dropped_groups"] == 1 and m["counts/dropped_rollouts"] == 2
+    assert m["contrastive_yield"] == pytest.approx(100 * 3 / 7)  # c's rollouts carry no signal
+    assert m["alloc/skipped_share"] == 0.25 and m["alloc/rounds"] == 2
+    assert m["reward/mean"] == pytest.approx(5 / 7)
+    assert sum(m[f"alloc/k_position_bin{b}"] for b in range(5)) == 0
+    with pytest.raises(ValueError, match="one flag per tree"):
+        step_metrics(trees, kept[:2], adv, alloc)
+    with pytest.raises(ValueError, match="kept tree"):
+        step_metrics(trees, kept, [*adv, adv[0]], alloc)

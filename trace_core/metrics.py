@@ -5,6 +5,9 @@ Outcomes are binarised with one rule everywhere: a trajectory **succeeds iff its
 keeps fractional rewards (e.g. partial credit) meaningful. Only finished trajectories count.
 Ratios with an empty denominator are NaN, never 0, so that "nothing to measure" is not logged
 as "measured nothing".
+
+:func:`step_metrics` assembles one step's figures under the names the trainer logs; the
+simulator (:mod:`trace_core.sim`) reports the same names through the same function.
 """
 
 from __future__ import annotations
@@ -373,3 +376,64 @@ def _int_array(values: ArrayLike, name: str) -> np.ndarray:
     if not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)) and np.all(arr >= 0)):
         raise ValueError(f"{name} must hold non-negative integers")
     return arr.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------- one step
+def step_metrics(
+    trees: Sequence[RolloutTree],
+    kept: Sequence[bool],
+    trained_advantages: Sequence[ArrayLike],
+    allocation: AllocationStats,
+    rounds: int = 1,
+) -> dict[str, float]:
+    """method §7's figures of one step, by the names the trainer logs and the simulator reports.
+
+    ``trees``: every tree the step sampled; ``kept``: per tree, whether the policy trains on it
+    (False: dropped by a round rule's group filter); ``trained_advantages``: the estimator's
+    output on the kept trees, in order; ``allocation``: the step's :class:`AllocationStats`;
+    ``rounds``: sampling rounds of the bare rollouts.
+
+    The figures count **every rollout spent**: a dropped group counts in the effective ratio and
+    the rollouts (it was paid for), and the price of a mixed group divides every rollout spent
+    by the mixed groups the policy trains on. A dropped tree yields no learning signal, so its
+    advantages are 0 in the contrastive yield."""
+    trees = _check_trees(trees)
+    kept = [bool(k) for k in kept]
+    if len(kept) != len(trees):
+        raise ValueError(f"kept must have one flag per tree ({len(trees)}), got {len(kept)}")
+    adv = iter(trained_advantages)
+    all_adv = [next(adv) if k else np.zeros(len(t.nodes)) for t, k in zip(trees, kept, strict=True)]
+    if next(adv, None) is not None:
+        raise ValueError(f"trained_advantages must have one array per kept tree ({sum(kept)}), got more")
+    rs_all, rs_bare = reward_stats(trees, "all"), reward_stats(trees, "bare")
+    counts = contrast_counts(trees)
+    trained = contrast_counts([t for t, k in zip(trees, kept, strict=True) if k])
+    dropped = [t for t, k in zip(trees, kept, strict=True) if not k]
+    spent = counts.trajectories
+    metrics = {
+        "effective_ratio": effective_ratio(trees),
+        "prefix_effective_ratio": prefix_effective_ratio(trees),
+        "contrastive_yield": contrastive_yield(trees, all_adv),
+        "mixed_groups_per_100_rollouts": 100.0 * trained.mixed / spent if spent else float("nan"),
+        "rollouts_per_mixed_group": spent / trained.mixed if trained.mixed else float("nan"),
+        "counts/activated": float(counts.activated),
+        "counts/mixed_groups": float(counts.mixed),
+        "counts/mixed_groups_trained": float(trained.mixed),
+        "counts/dropped_groups": float(len(dropped)),
+        "counts/dropped_rollouts": float(sum(len(t.outcomes()) for t in dropped)),
+        "counts/expanded_anchors": float(counts.expanded_anchors),
+        "counts/mixed_anchors": float(counts.mixed_anchors),
+        "counts/rollouts": float(spent),
+        "alloc/skipped_share": allocation.skipped_share,
+        "alloc/mean_m_selected": allocation.mean_m_selected,
+        "alloc/mean_rollouts_selected": allocation.mean_rollouts_selected,
+        "alloc/rounds": float(rounds),
+        "reward/mean": rs_all.mean_reward,
+        "reward/accuracy_bare": rs_bare.accuracy,
+        "reward/response_tokens": rs_all.mean_response_tokens,
+        "reward/turns": rs_all.mean_turns,
+        "reward/tool_error_rate": rs_all.tool_error_rate,
+    }
+    for b, k in enumerate(allocation.k_by_position):
+        metrics[f"alloc/k_position_bin{b}"] = float(k)
+    return metrics
