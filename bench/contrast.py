@@ -92,12 +92,12 @@ SENS_ROWS = [r for r in ROWS if r[0] in ("grpo", "treepo", "trace / oracle", "tr
 BETAS = (0.1, 0.15, 0.3)
 POOL_FACTORS = (1, 2, 4)
 NOISE_STDS = (0.5, 1.0, 2.0, 4.0, 8.0)
-METRICS = (
-    "effective_ratio", "prefix_effective_ratio", "contrastive_yield", "activated_prompts", "skipped_share",
-    "mean_m_selected", "mean_rollouts_selected", "turns_generated", "mean_reward",
+METRICS = (  # the simulator's step metrics carry the trainer's names (trace_core.metrics.step_metrics)
+    "effective_ratio", "prefix_effective_ratio", "contrastive_yield", "counts/activated", "alloc/skipped_share",
+    "alloc/mean_m_selected", "alloc/mean_rollouts_selected", "turns_generated", "reward/mean",
     "spearman_root_vs_true", "spearman_anchor_vs_true", "spearman_root_vs_target", "spearman_prefix_vs_target",
-    "rollouts_per_mixed_group", "mixed_groups", "mixed_per_100_rollouts", "kept_groups", "rounds", "trajectories",
-    "pool_success",
+    "rollouts_per_mixed_group", "counts/mixed_groups_trained", "mixed_groups_per_100_rollouts",
+    "counts/dropped_groups", "alloc/rounds", "counts/rollouts", "pool_success",
 )
 TARGET_ORACLE, TARGET_LEARNED = 2.2, 1.8
 
@@ -182,9 +182,9 @@ def summarise(per_step: list[dict]) -> dict:
             "std": float(finite.std(ddof=1)) if finite.size > 1 else None,
         }
     # ratios over several steps are pooled as counts
-    mixed = sum(m["mixed_groups"] for m in per_step)
+    mixed = sum(m["counts/mixed_groups_trained"] for m in per_step)
     out["rollouts_per_mixed_group_pooled"] = {
-        "mean": sum(m["trajectories"] for m in per_step) / mixed if mixed else None, "std": None,
+        "mean": sum(m["counts/rollouts"] for m in per_step) / mixed if mixed else None, "std": None,
     }
     return out
 
@@ -366,9 +366,9 @@ def main() -> int:
                     label, fmt(eff), fmt(res["reported"]["effective_ratio"]["std"]),
                     fmt(mean_of(res, "prefix_effective_ratio")), fmt(mean_of(res, "contrastive_yield"), 1),
                     fmt(mean_of(res, "rollouts_per_mixed_group_pooled"), 1),
-                    fmt(eff / grpo, 2), fmt(mean_of(res, "activated_prompts"), 0),
-                    fmt(mean_of(res, "skipped_share"), 2),
-                    fmt(mean_of(res, "mean_m_selected"), 2), fmt(mean_of(res, "mean_rollouts_selected"), 2),
+                    fmt(eff / grpo, 2), fmt(mean_of(res, "counts/activated"), 0),
+                    fmt(mean_of(res, "alloc/skipped_share"), 2),
+                    fmt(mean_of(res, "alloc/mean_m_selected"), 2), fmt(mean_of(res, "alloc/mean_rollouts_selected"), 2),
                     fmt(mean_of(res, "turns_generated"), 0),
                     fmt(mean_of(res, "spearman_root_vs_true"), 2), fmt(mean_of(res, "spearman_anchor_vs_true"), 2),
                 ]

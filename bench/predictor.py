@@ -251,7 +251,7 @@ def summarise_online(runs: dict, last: int) -> list[dict]:
                 "ece_root": m("ece_root"),
                 "loss": m("loss"),
                 "effective_ratio": m("effective_ratio"),
-                "skipped_share": m("skipped_share"),
+                "skipped_share": m("alloc/skipped_share"),
             }
         )
     return rows

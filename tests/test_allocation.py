@@ -25,6 +25,7 @@ from trace_core.allocation import (
     allocate_roots_thompson,
     beta_moments,
     check_root_budget,
+    explore_roots,
     get_method,
     prefix_objective,
     prefix_value,
@@ -528,3 +529,42 @@ def test_posterior_roots_are_the_exact_beta_solver_on_the_posterior():
 def test_a_round_rule_cannot_expand():
     with pytest.raises(ValueError, match="cannot expand"):
         Method("x", roots_uniform_all, prefixes_trace, "", round_rule=DynamicSampling())
+
+
+def test_explore_roots_keeps_the_budget() -> None:
+    rng = np.random.default_rng(0)
+    v = np.array([0.5, 0.4, 0.0, 1.0, 0.99, 0.01, 0.6, 0.0])
+    m = np.array([4, 4, 0, 0, 0, 0, 4, 0])
+    np.testing.assert_array_equal(explore_roots(m, v, 0.0, rng), m)
+    out = explore_roots(m, v, 0.25, rng)  # 3 rollouts of 12 -> one skipped prompt at m = 2
+    assert out.sum() == m.sum()
+    assert ((m == 0) & (out == 2)).sum() == 1 and not np.any(out == 1)
+    full = explore_roots(m, v, 1.0, rng)
+    assert full.sum() == m.sum() and (full[m == 0] == 2).all()
+    with pytest.raises(ValueError, match="fraction"):
+        explore_roots(m, v, 1.5, rng)
+
+
+def test_exploration_is_a_rule_of_the_methods_that_explore():
+    spec = BudgetSpec(roots_M=16, expansion_N=2)
+    v = np.random.default_rng(1).random(spec.pool_size)
+    for name, method in METHODS.items():
+        plain = method.allocate_roots(v, spec, np.random.default_rng(4))
+        explored = method.allocate_roots(v, spec, np.random.default_rng(4), explore_fraction=0.5)
+        if not method.explores_roots:
+            assert np.array_equal(explored, plain), name
+            continue
+        rng = np.random.default_rng(4)
+        want = explore_roots(method.allocate_roots(v, spec, rng), v, 0.5, rng, spec.max_per_prompt)
+        assert np.array_equal(explored, want) and explored.sum() == plain.sum(), name
+
+
+def test_every_method_trains_with_the_tree_advantage_unless_told_otherwise():
+    from trace_core.advantages import ADVANTAGE_ESTIMATORS
+
+    for name, method in METHODS.items():
+        assert method.default_advantage == "tree", name
+        assert method.advantage_estimator() is ADVANTAGE_ESTIMATORS["tree"]
+        assert method.advantage_estimator("treepo") is ADVANTAGE_ESTIMATORS["treepo"]
+    with pytest.raises(ValueError, match="default_advantage"):
+        Method("x", roots_uniform_all, None, "", default_advantage="ppo")

@@ -100,6 +100,20 @@ def test_a_budget_rule_of_one_method_only_binds_that_method() -> None:
         load_config(TrainConfig, None, ["method=trace", *odd])
 
 
+def test_the_advantage_defaults_to_the_method_s_own_and_an_explicit_one_is_kept() -> None:
+    from trace_core.advantages import ADVANTAGE_ESTIMATORS
+    from trace_core.allocation import get_method
+    from trace_core.training.config import TrainConfig
+
+    cfg = load_config(TrainConfig, None, ["method=treepo"])
+    assert cfg.advantage is None
+    assert get_method(cfg.method).advantage_estimator(cfg.advantage) is ADVANTAGE_ESTIMATORS["tree"]
+    explicit = load_config(TrainConfig, None, ["method=treepo", "advantage=treepo"])
+    assert get_method(explicit.method).advantage_estimator(explicit.advantage) is ADVANTAGE_ESTIMATORS["treepo"]
+    with pytest.raises(ConfigError, match="advantage 'ppo'"):
+        load_config(TrainConfig, None, ["advantage=ppo"])
+
+
 def test_a_pool_smaller_than_the_candidate_pool_fails_before_any_model(tmp_path: Path) -> None:
     from trace_core.training.config import TrainConfig
     from trace_core.training.trainer import Trainer

@@ -11,7 +11,6 @@ from trace_core.predictor import (
     PredictorConfig,
     SuccessPredictor,
     calibration,
-    explore_roots,
     informative_prefixes,
     pack_token_trees,
     sample_examples,
@@ -355,20 +354,6 @@ def test_calibration_bins() -> None:
     assert cal.mean_target[1] == 1.0 and np.isnan(cal.mean_prediction[2])
     assert cal.ece == pytest.approx((0.05 + 0.85 + 2 * 0.025) / 4)
     assert np.isnan(calibration([], []).ece)
-
-
-def test_explore_roots_keeps_the_budget() -> None:
-    rng = np.random.default_rng(0)
-    v = np.array([0.5, 0.4, 0.0, 1.0, 0.99, 0.01, 0.6, 0.0])
-    m = np.array([4, 4, 0, 0, 0, 0, 4, 0])
-    np.testing.assert_array_equal(explore_roots(m, v, 0.0, rng), m)
-    out = explore_roots(m, v, 0.25, rng)  # 3 rollouts of 12 -> one skipped prompt at m = 2
-    assert out.sum() == m.sum()
-    assert ((m == 0) & (out == 2)).sum() == 1 and not np.any(out == 1)
-    full = explore_roots(m, v, 1.0, rng)
-    assert full.sum() == m.sum() and (full[m == 0] == 2).all()
-    with pytest.raises(ValueError, match="fraction"):
-        explore_roots(m, v, 1.5, rng)
 
 
 # ---------------------------------------------------------------------------- prefix floor, random anchor

@@ -250,3 +250,26 @@ def test_rounds_never_exceed_the_budget_and_dropped_groups_are_counted(engine, t
     assert engine.num_pending == 0
     with pytest.raises(ValueError, match="no round rule"):
         executor.run_in_rounds(pool, np.full(spec.pool_size, 0.5), get_method("grpo"), spec, np.random.default_rng(0))
+
+
+def test_anchor_predictions_come_back_per_tree_and_nan_where_not_scored(engine, tokenizer) -> None:
+    scored: dict[str, dict[int, float]] = {}
+
+    def scorer(tree, nodes) -> np.ndarray:
+        p = np.linspace(0.1, 0.9, len(nodes))
+        scored[tree.prompt_id] = dict(zip((int(n) for n in nodes), p.tolist(), strict=True))
+        return p
+
+    executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT, tool_workers=0)
+    result = executor.run(tasks(2), [2, 3], expansion_of(get_method("trace"), 2, scorer), np.random.default_rng(0))
+    assert len(result.anchor_predictions) == len(result.trees)
+    for tree, pred in zip(result.trees, result.anchor_predictions, strict=True):
+        assert set(scored[tree.prompt_id]) == set(tree.anchors())
+        want = np.full(len(tree.nodes), np.nan)
+        for node, value in scored[tree.prompt_id].items():
+            want[node] = value
+        np.testing.assert_array_equal(pred, want)
+        assert all("predicted_value" not in n.info for n in tree.nodes)  # the logged trees carry no predictions
+    bare = run(engine, tokenizer, "grpo", [2], 0, tasks(1))
+    assert bare.anchor_predictions[0].shape == (len(bare.trees[0].nodes),)
+    assert np.isnan(bare.anchor_predictions[0]).all()

@@ -18,7 +18,7 @@ from trace_core.allocation import (
     get_method,
 )
 from trace_core.history import GresoConfig, PosteriorConfig, PromptHistory, beta_posterior
-from trace_core.metrics import effective_ratio, spearman
+from trace_core.metrics import allocation_stats, anchor_allocation, effective_ratio, spearman, step_metrics
 from trace_core.sim import (
     HistoryBatch,
     LearnedPredictor,
@@ -146,7 +146,7 @@ def test_every_method_spends_exactly_the_equal_budget(method, shape):
     assert spent == result.trajectories
     if METHODS[method].samples_in_rounds:  # the budget is a cap: stopping short needs the target met
         rule = METHODS[method].round_rule
-        assert spent == spec.total or result.metrics["mixed_groups"] == rule.target_groups(spec)
+        assert spent == spec.total or result.metrics["counts/mixed_groups_trained"] == rule.target_groups(spec)
         assert spent <= spec.total
     else:
         assert spent == spec.total
@@ -444,9 +444,10 @@ def test_dapo_samples_in_rounds_and_trains_only_on_the_first_mixed_groups():
         config = SimConfig(difficulty_beta=50.0) if kind == "easy" else SimConfig()
         r = run_step("dapo", spec, OraclePredictor(), np.random.default_rng(seed), config)
         mixed = np.array([len(set(t.outcomes() > 0.5)) == 2 for t in r.trees])
-        assert r.tree_kept.sum() == min(mixed.sum(), rule.target_groups(spec)) == r.metrics["mixed_groups"]
+        trained = r.metrics["counts/mixed_groups_trained"]
+        assert r.tree_kept.sum() == min(mixed.sum(), rule.target_groups(spec)) == trained
         assert not (r.tree_kept & ~mixed).any()
-        assert r.metrics["rollouts_per_mixed_group"] == r.trajectories / r.metrics["mixed_groups"]
+        assert r.metrics["rollouts_per_mixed_group"] == r.trajectories / trained
         if kind == "easy":
             assert r.trajectories < spec.total and r.rounds < spec.total // 8 // rule.round_prompts(spec)
         else:
@@ -456,9 +457,9 @@ def test_dapo_samples_in_rounds_and_trains_only_on_the_first_mixed_groups():
 def test_mixed_group_metrics_of_an_ordinary_step():
     r = _step("trace", spec=BudgetSpec(128, 2), seed=20)
     mixed = sum(len(set(t.outcomes() > 0.5)) == 2 for t in r.trees)
-    assert r.metrics["mixed_groups"] == mixed == round(r.metrics["effective_ratio"] * len(r.trees))
+    assert r.metrics["counts/mixed_groups_trained"] == mixed == round(r.metrics["effective_ratio"] * len(r.trees))
     assert r.metrics["rollouts_per_mixed_group"] == pytest.approx(r.trajectories / mixed)
-    assert r.metrics["kept_groups"] == len(r.trees) and r.metrics["rounds"] == 1
+    assert r.metrics["counts/dropped_groups"] == 0 and r.metrics["alloc/rounds"] == 1
     assert r.pool_ids is None and np.isnan(r.pool_success) and "pool_success" not in r.metrics
 
 
@@ -472,3 +473,25 @@ def test_bad_persistent_pool_config_and_mismatch():
     with pytest.raises(ValueError, match="another SimConfig"):
         run_step("grpo", SMALL, OraclePredictor(), np.random.default_rng(0),
                  pool=PersistentPool(SMALL.pool_size, SimConfig(kappa=3.0)))
+
+
+def test_the_simulator_reports_the_trainer_s_metric_names():
+    r = _step("dapo", spec=BudgetSpec(128, 0), seed=3)
+    k, pos = anchor_allocation(r.trees)
+    kept = [bool(x) for x in r.tree_kept]
+    adv = get_method("dapo").advantage_estimator()([t for t, x in zip(r.trees, kept, strict=True) if x])
+    shared = step_metrics(r.trees, kept, adv, allocation_stats(r.pool_m, k, pos), r.rounds)
+    assert {key: r.metrics[key] for key in shared} == pytest.approx(shared, nan_ok=True)
+    assert r.metrics["counts/dropped_groups"] == (~r.tree_kept).sum()
+
+
+def test_the_simulator_explores_through_the_method_as_the_trainer_does():
+    spec = BudgetSpec(64, 2)
+    for name in ("trace", "grpo"):
+        plain = _step(name, spec=spec, seed=5)
+        explored = run_step(name, spec, OraclePredictor(), np.random.default_rng(5), explore_fraction=0.5)
+        assert explored.pool_m.sum() == plain.pool_m.sum()
+        if get_method(name).explores_roots:  # random skipped prompts get m = 2
+            assert (explored.pool_m == 2).sum() > (plain.pool_m == 2).sum()
+        else:
+            np.testing.assert_array_equal(explored.pool_m, plain.pool_m)

@@ -58,7 +58,6 @@ def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, t
     assert (tmp_path / method / "policy" / "config.json").is_file()
     # Every tree of the step is logged (one compressed JSON-lines file, lossless): recounting the
     # step's effective ratio and contrastive yield from it gives the logged values.
-    from trace_core.advantages import get_advantage_estimator
     from trace_core.metrics import contrastive_yield, effective_ratio
     from trace_core.tree import load_trees
 
@@ -69,7 +68,7 @@ def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, t
     assert sum(len(t.outcomes()) for t in trees) == final["budget/trajectories"]
     assert effective_ratio(trees) == pytest.approx(run.data.metrics["effective_ratio"])
     trained = [t for t in trees if t.root.info.get("group_filter") != "dropped"]  # a group filter's drops yield nothing
-    adv = iter(get_advantage_estimator(cfg.advantage)(trained))
+    adv = iter(METHODS[method].advantage_estimator(cfg.advantage)(trained))
     recount = contrastive_yield(trees, [next(adv) if t in trained else np.zeros(len(t.nodes)) for t in trees])
     assert recount == pytest.approx(run.data.metrics["contrastive_yield"])
 

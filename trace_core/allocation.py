@@ -8,7 +8,9 @@ and are never used as a silent fallback. The posterior-aware root solver
 Beside the method §4 baselines, the registry holds methods that remember prompts across steps
 (GRESO, the posterior-aware TRACE roots: a *history rule* reading a
 :class:`~trace_core.history.HistoryView`) and one that samples in rounds (DAPO's dynamic
-sampling: a *round rule*). Each is a field of :class:`Method`; nothing reads a method's name.
+sampling: a *round rule*). Each is a field of :class:`Method`, as are method §5's root
+exploration (:func:`explore_roots`) and the advantage estimator the method trains with; nothing
+reads a method's name.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from trace_core.advantages import AdvantageEstimator, get_advantage_estimator
 from trace_core.history import GresoConfig, HistoryView, PosteriorConfig, beta_posterior, greso_keep
 
 # Unit gains closer than this are treated as equal when the tie rules apply (method §2 "Ties").
@@ -261,6 +264,43 @@ def _dp_from_values(values: np.ndarray, choices: np.ndarray, budget: int) -> np.
 def root_objective(v: object, m: object) -> float:
     """``Σ_i V_root(v_i, m_i)``."""
     return float(np.sum(root_value(v, m)))
+
+
+# ============================================================================ method §5: root exploration
+def explore_roots(
+    m: np.ndarray, v: np.ndarray, fraction: float, rng: np.random.Generator, max_per_prompt: int = 16
+) -> np.ndarray:
+    """method §5's ``explore_fraction``: re-split the root budget ``Σ m`` so that
+    ``k = ⌊fraction · Σm / 2⌋`` prompts skipped by ``m`` (capped by how many there are, and so
+    that no single rollout is left over), drawn uniformly, get ``m = 2``; the remaining
+    ``Σm − 2k`` rollouts are re-allocated exactly (:func:`allocate_roots`) over the other prompts.
+    ``fraction = 0`` returns ``m`` unchanged. The budget ``Σ m`` is preserved.
+
+    Why: a skipped prompt gets no tree and so no target, so a confident wrong prediction of 0 or
+    1 is never corrected. :meth:`Method.allocate_roots` applies it to the methods that explore."""
+    m = np.asarray(m, dtype=np.int64)
+    v = np.asarray(v, dtype=np.float64)
+    if m.ndim != 1 or v.shape != m.shape:
+        raise ValueError(f"m and v must be 1-D arrays of the same length, got {m.shape} and {v.shape}")
+    if np.any(m < 0) or np.any(m == 1):
+        raise ValueError("m must hold root counts in {0} ∪ {2..max_per_prompt}")
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"fraction must lie in [0, 1], got {fraction}")
+    budget = int(m.sum())
+    skipped = np.flatnonzero(m == 0)
+    k = min(int(fraction * budget) // 2, skipped.size)
+    if budget - 2 * k == 1:  # a single leftover rollout cannot open a prompt (m = 1 is not allowed)
+        k -= 1
+    if k == 0:
+        return m.copy()
+    explored = rng.choice(skipped, size=k, replace=False)
+    out = np.zeros_like(m)
+    out[explored] = 2
+    rest = np.setdiff1d(np.arange(m.size), explored)
+    remaining = budget - 2 * k
+    if remaining:
+        out[rest] = allocate_roots(v[rest], remaining, max_per_prompt)
+    return out
 
 
 # ============================================================================ roots under a Beta posterior
@@ -826,14 +866,21 @@ class DynamicSampling:
 
 @dataclass(frozen=True)
 class Method:
-    """A named allocation method: a root rule and, when it expands, a prefix rule (method §4).
+    """A named method: every rule a training step (the trainer's or the simulator's) takes from it.
 
-    Which rules a method uses are its fields, never something read off its name: a caller asks
-    ``method.explores_roots``, not whether the name starts with "trace". Two optional rules extend
-    the contract: a ``history_rule`` (the roots also read each candidate's earlier outcomes; the
-    caller passes a :class:`~trace_core.history.HistoryView`, and ``root_rule`` is the same rule
-    on an empty history) and a ``round_rule`` (bare rollouts in rounds with a group filter; a
-    caller that cannot sample in rounds uses ``root_rule``, every round at once)."""
+    Its rules are its fields, never something read off its name: a caller asks
+    ``method.explores_roots``, not whether the name starts with "trace". A step takes from it
+
+    - the roots: ``root_rule``, or the ``history_rule`` when the caller keeps each candidate's
+      earlier outcomes (the rule's state across steps lives in the caller's
+      :class:`~trace_core.history.PromptHistory`, read through a
+      :class:`~trace_core.history.HistoryView`; ``root_rule`` is the same rule on an empty
+      history), then method §5's exploration where ``explores_roots`` (:meth:`allocate_roots`);
+    - or, with a ``round_rule``, bare rollouts in rounds and that rule's group filter (a caller
+      that cannot sample in rounds uses ``root_rule``, every round at once);
+    - the prefixes: ``prefix_rule`` (None: no expansion);
+    - the advantages: ``default_advantage``, unless the run names another estimator
+      (:meth:`advantage_estimator`)."""
 
     name: str
     root_rule: RootRule
@@ -851,10 +898,18 @@ class Method:
     history_rule: HistoryRootRule | None = None
     # Bare rollouts in rounds with a group filter (DAPO's dynamic sampling); no expansion.
     round_rule: RoundRule | None = None
+    # The advantage estimator it trains with (a name of trace_core.advantages' registry) unless the
+    # run names another: method §6's tree advantage for every method, so that methods differ by
+    # what they sample, not by how they score it (TreePO's own advantage stays an option).
+    default_advantage: str = "tree"
 
     def __post_init__(self) -> None:
         if self.round_rule is not None and self.prefix_rule is not None:
             raise ValueError(f"method {self.name!r}: a round rule samples bare groups only; it cannot expand")
+        try:
+            get_advantage_estimator(self.default_advantage)
+        except ValueError as err:
+            raise ValueError(f"method {self.name!r}: default_advantage: {err}") from None
 
     @property
     def expands(self) -> bool:
@@ -870,10 +925,13 @@ class Method:
         return self.round_rule is not None
 
     def allocate_roots(
-        self, v: object, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
+        self, v: object, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None,
+        explore_fraction: float = 0.0,
     ) -> np.ndarray:
         """The step's bare rollouts per candidate. ``history`` (one row per candidate) is read by a
-        history rule and ignored otherwise; without it a history rule sees an empty history."""
+        history rule and ignored otherwise; without it a history rule sees an empty history.
+        ``explore_fraction`` (method §5) re-splits the roots with :func:`explore_roots` when the
+        method explores, and is ignored otherwise."""
         v = _as_probabilities(v, "v")
         if self.history_rule is not None and history is not None:
             m = self.history_rule(v, history, spec, rng)
@@ -882,7 +940,13 @@ class Method:
         expected = spec.roots_M if self.expands else spec.total
         if int(m.sum()) != expected:  # a loud guard on the equal-cost contract
             raise AssertionError(f"{self.name}: root allocation spends {int(m.sum())}, expected {expected}")
+        if explore_fraction > 0 and self.explores_roots:
+            m = explore_roots(m, v, explore_fraction, rng, spec.max_per_prompt)
         return m
+
+    def advantage_estimator(self, name: str | None = None) -> AdvantageEstimator:
+        """The estimator registered as ``name``, or the method's ``default_advantage`` when None."""
+        return get_advantage_estimator(self.default_advantage if name is None else name)
 
     def prefix_budget(self, m_i: int, spec: BudgetSpec) -> int:
         return int(m_i) * spec.expansion_N if self.expands else 0

@@ -18,13 +18,15 @@ A real predictor could not see ``V``. What it may see: a prompt feature
 :class:`SimConfig` (frozen) so that results cannot be tuned after the fact; change them only to
 run a declared sensitivity study.
 
-:func:`run_step` runs one step of method §2–§4 for any method of the allocation registry:
-sample a shuffled candidate pool, score the roots, allocate ``m``, roll out the bare paths,
-score the anchors, allocate ``K`` per prompt (method §3, including the no-anchor rule), roll out
-the continuations, build real :class:`~trace_core.tree.RolloutTree` objects (empty token lists;
-the hidden ``V_t`` and the observation in ``node.info``), compute method §7's metrics, and only
-then let the predictor learn from the step's trees — so every prediction used for allocation or
-reported in the metrics is out-of-sample.
+:func:`run_step` runs one step of method §2–§4 for any method of the allocation registry,
+taking every rule from its :class:`~trace_core.allocation.Method` as the trainer does: sample a
+shuffled candidate pool, score the roots, allocate ``m``, roll out the bare paths, score the
+anchors, allocate ``K`` per prompt (method §3, including the no-anchor rule), roll out the
+continuations, build real :class:`~trace_core.tree.RolloutTree` objects (empty token lists; the
+hidden ``V_t`` and the observation in ``node.info``), compute method §7's metrics under the
+trainer's names (:func:`~trace_core.metrics.step_metrics`), and only then let the predictor
+learn from the step's trees — so every prediction used for allocation or reported in the
+metrics is out-of-sample.
 
 Two modes for the candidate pool:
 
@@ -58,17 +60,10 @@ from typing import Protocol
 
 import numpy as np
 
-from trace_core.advantages import get_advantage_estimator
+from trace_core.advantages import AdvantageEstimator
 from trace_core.allocation import BudgetSpec, Method, RoundRule, get_method
 from trace_core.history import PromptHistory
-from trace_core.metrics import (
-    allocation_stats,
-    contrastive_yield,
-    effective_ratio,
-    predictor_spearman,
-    prefix_effective_ratio,
-    spearman,
-)
+from trace_core.metrics import allocation_stats, predictor_spearman, spearman, step_metrics
 from trace_core.tree import ROOT, RolloutTree
 
 
@@ -585,6 +580,7 @@ def run_step(
     compute_metrics: bool = True,
     pool: PersistentPool | None = None,
     history: PromptHistory | None = None,
+    explore_fraction: float = 0.0,
 ) -> StepResult:
     """One step of method §2–§4 with ``method`` at budget ``spec`` (``spec.total`` trajectories).
 
@@ -596,7 +592,13 @@ def run_step(
 
     ``pool``: a :class:`PersistentPool` to draw the candidates from (default: fresh i.i.d.
     prompts); ``history``: the run's per-prompt record, read by history rules and updated with the
-    step's bare root outcomes (persistent pool only: i.i.d. prompts never recur)."""
+    step's bare root outcomes (persistent pool only: i.i.d. prompts never recur);
+    ``explore_fraction``: method §5's root exploration, applied by the methods that explore (as
+    the trainer's ``predictor.explore_fraction``; 0: none).
+
+    Every rule comes from ``method``, as in the trainer: its roots (history rule, exploration),
+    its rounds and group filter, its prefix rule and its default advantage estimator; the
+    metrics carry the trainer's names (:func:`simulator_metrics`)."""
     config = config or SimConfig()
     method = get_method(method) if isinstance(method, str) else method
     H, N = config.horizon_max, spec.expansion_N
@@ -625,7 +627,8 @@ def run_step(
     rounds, sample_rank = 1, None
     if method.round_rule is None:
         view = history.view(ids, step) if (history is not None and method.reads_history) else None
-        m = np.asarray(method.allocate_roots(v, spec, rng, history=view), dtype=np.int64)
+        m = np.asarray(method.allocate_roots(v, spec, rng, history=view, explore_fraction=explore_fraction),
+                       dtype=np.int64)
     else:
         m, bare_prompt, bare, rounds, sample_rank = _sample_in_rounds(method.round_rule, v, prompts, spec, config, rng)
     prefix_budget = m * N if method.expands else np.zeros(B, dtype=np.int64)
@@ -706,7 +709,7 @@ def run_step(
         turns_generated=turns, pool_ids=ids, tree_kept=kept, rounds=rounds,
     )
     if compute_metrics:
-        result.metrics = step_metrics(result)
+        result.metrics = simulator_metrics(result, method.advantage_estimator())
     predictor.update(trees)  # after every score of this step has been used and recorded
     if history is not None:  # the bare root outcomes, with the predictions the allocator used
         wins = np.bincount(bare_prompt, weights=bare.reward, minlength=B)[selected]
@@ -816,18 +819,19 @@ def _build_trees(
     return trees, anchor_node
 
 
-def step_metrics(result: StepResult) -> dict[str, float]:
-    """method §7's contrast metrics, allocation statistics and predictor diagnostics of one step.
-
-    Effective ratio and contrastive yield count every sampled group (a round rule's dropped
-    groups included: they were paid for); ``mixed_groups`` counts the mixed groups the policy
-    trains on and ``rollouts_per_mixed_group`` divides every trajectory spent by them.
+def simulator_metrics(result: StepResult, estimator: AdvantageEstimator) -> dict[str, float]:
+    """One step's figures: :func:`~trace_core.metrics.step_metrics` under the trainer's names
+    (``estimator``: the method's advantage, on the trees the policy trains on), then what only a
+    simulator reports.
 
     Spearman is reported twice: against the tree-backed targets ``V̂`` (method §5, what a real
     run can log) and against the hidden true ``V`` over the whole pool / every anchor (what only
-    a simulator can know). All predictions were made before the predictor saw this step."""
+    a simulator can know). All predictions were made before the predictor saw this step. Beside
+    them: ``turns_generated`` (the simulator's stand-in for tokens) and the share of the prefix
+    budget per position bin (``k_share_pos_<lo>_<hi>``)."""
     trees = result.trees
-    advantages = get_advantage_estimator("tree")(trees)
+    kept = [True] * len(trees) if result.tree_kept is None else [bool(k) for k in result.tree_kept]
+    advantages = estimator([t for t, k in zip(trees, kept, strict=True) if k])
     predictions = []
     tree_of_prompt = {int(i): k for k, i in enumerate(result.tree_prompt)}
     for k, tree in enumerate(trees):
@@ -844,32 +848,15 @@ def step_metrics(result: StepResult) -> dict[str, float]:
         np.concatenate([result.anchor_K, result.root_extra[extra]]),
         np.concatenate([result.anchor_position, np.zeros(extra.size)]),
     )
-    k_share = stats.k_share_by_position
-    kept = np.ones(len(trees), dtype=bool) if result.tree_kept is None else np.asarray(result.tree_kept, dtype=bool)
-    mixed_kept = int(sum(_holds_both(t) for t, k in zip(trees, kept, strict=True) if k))
-    out = {
-        "effective_ratio": effective_ratio(trees),
-        "prefix_effective_ratio": prefix_effective_ratio(trees),
-        "contrastive_yield": contrastive_yield(trees, advantages),
-        "activated_prompts": float(len(trees)),
-        "skipped_share": stats.skipped_share,
-        "mean_m_selected": stats.mean_m_selected,
-        "mean_rollouts_selected": stats.mean_rollouts_selected,
-        "trajectories": float(result.trajectories),
+    out = step_metrics(trees, kept, advantages, stats, result.rounds)
+    out.update({
         "turns_generated": float(result.turns_generated),
         "spearman_root_vs_target": sp.root,
         "spearman_prefix_vs_target": sp.prefix,
         "spearman_root_vs_true": spearman(result.pool_pred, result.pool_value),
         "spearman_anchor_vs_true": spearman(result.anchor_pred, result.anchor_value),
-        "mean_reward": float(np.mean(np.concatenate([t.outcomes() for t in trees]))) if trees else np.nan,
-        # the price of contrast: every rollout spent, per mixed group the policy trains on (a
-        # round rule's filter drops one-outcome groups and trims mixed ones beyond its target)
-        "mixed_groups": float(mixed_kept),
-        "rollouts_per_mixed_group": result.trajectories / mixed_kept if mixed_kept else np.nan,
-        "mixed_per_100_rollouts": 100.0 * mixed_kept / result.trajectories if result.trajectories else np.nan,
-        "kept_groups": float(kept.sum()),
-        "rounds": float(result.rounds),
-    }
+    })
+    k_share = stats.k_share_by_position
     for b in range(k_share.size):
         lo_edge, hi_edge = stats.position_bin_edges[b], stats.position_bin_edges[b + 1]
         out[f"k_share_pos_{lo_edge:.1f}_{hi_edge:.1f}"] = float(k_share[b])

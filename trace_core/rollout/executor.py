@@ -107,6 +107,10 @@ class RolloutResult:
     events: list[RolloutEvent]
     continuations_per_anchor: dict[str, dict[int, int]]  # prompt id -> {anchor node: K}
     received_histories: dict[tuple[str, int], tuple[int, ...]]  # (prompt id, node) -> ids the engine got
+    # per tree, indexed by node id: the anchor scorer's prediction at each anchor it scored, made
+    # before the continuations were allocated (NaN at every other node): the predictor's update
+    # reports its out-of-sample fit on them
+    anchor_predictions: list[np.ndarray]
     # per tree: whether the policy trains on it (False: dropped by a round rule's group filter;
     # its rollouts were still spent and count in ``stats``)
     kept: list[bool] = field(default_factory=list)
@@ -152,6 +156,7 @@ class _Prompt:
     open_trajs: int = 0
     expanded: bool = False
     done: bool = False
+    anchor_predictions: dict[int, float] = field(default_factory=dict)  # anchor node -> scorer's value
 
 
 class TreeRolloutExecutor:
@@ -236,6 +241,7 @@ class TreeRolloutExecutor:
         return RolloutResult(
             trees=[p.tree for p in self._prompts], stats=self._stats, events=self._events,
             continuations_per_anchor=self._k_by_anchor, received_histories=self._received,
+            anchor_predictions=[_node_values(p.tree, p.anchor_predictions) for p in self._prompts],
             kept=[True] * len(self._prompts),
         )
 
@@ -295,6 +301,7 @@ class TreeRolloutExecutor:
             trees=trees, stats=merge_stats([part.stats for part in parts]), events=events,
             continuations_per_anchor={k: d for part in parts for k, d in part.continuations_per_anchor.items()},
             received_histories={k: h for part in parts for k, h in part.received_histories.items()},
+            anchor_predictions=[p for part in parts for p in part.anchor_predictions],
             kept=kept.tolist(), rounds=len(parts),
         )
         return RoundsResult(result, m)
@@ -453,8 +460,7 @@ class TreeRolloutExecutor:
         K = expansion.method.allocate_prefixes(p, r, budget, turn, self._rng)
         if int(K.sum()) != budget:
             raise AssertionError(f"{expansion.method.name}: prefix allocation spent {int(K.sum())} of {budget}")
-        for a, pa in zip(anchors, p, strict=True):
-            tree.nodes[a].info["predicted_value"] = float(pa)
+        state.anchor_predictions = {int(a): float(pa) for a, pa in zip(anchors, p, strict=True)}
         self._k_by_anchor[state.task.id] = {int(a): int(k) for a, k in zip(anchors, K, strict=True) if k > 0}
         self._event("expand", state, anchors=len(anchors), continuations=budget)
         for a, k in zip(anchors, K, strict=True):
@@ -463,6 +469,14 @@ class TreeRolloutExecutor:
 
     def _event(self, kind: str, state: _Prompt, **detail: Any) -> None:
         self._events.append(RolloutEvent(self._engine_step, kind, state.task.id, detail))
+
+
+def _node_values(tree: RolloutTree, values: dict[int, float]) -> np.ndarray:
+    """float64 (nodes,): ``values`` at their node ids, NaN elsewhere."""
+    out = np.full(len(tree.nodes), np.nan)
+    for node, value in values.items():
+        out[node] = value
+    return out
 
 
 def _holds_both(tree: RolloutTree) -> bool:

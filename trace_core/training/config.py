@@ -130,7 +130,8 @@ class TrainConfig:
     """A training run (method §2–§7). Every field can be overridden as ``section.key=value``."""
 
     method: str = "trace"  # grpo | pcl | treepo | trace | trace-root-only | trace-prefix-only
-    advantage: str = "tree"  # tree | tree-no-std | grpo | treepo (method §6)
+    # tree | tree-no-std | grpo | treepo (method §6); None: the method's default_advantage (the tree advantage)
+    advantage: str | None = None
     steps: int = 4  # training steps
     seed: int = 0  # seeds data order, allocation, sampling and initialisation
     policy_model: str = "runs/warm/policy"  # local transformers model directory (never a hub id)
@@ -151,7 +152,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is not one of {', '.join(sorted(METHODS))}")
-        if self.advantage not in ADVANTAGE_ESTIMATORS:
+        if self.advantage is not None and self.advantage not in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage {self.advantage!r} is not one of {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")

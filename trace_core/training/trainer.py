@@ -30,21 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from trace_core.advantages import get_advantage_estimator
 from trace_core.allocation import get_method
 from trace_core.config import flatten
 from trace_core.history import PromptHistory
-from trace_core.metrics import (
-    AllocationStats,
-    allocation_stats,
-    anchor_allocation,
-    contrast_counts,
-    contrastive_yield,
-    effective_ratio,
-    is_success,
-    prefix_effective_ratio,
-    reward_stats,
-)
+from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, is_success, step_metrics
 from trace_core.rollout.agent import render_prompt
 from trace_core.rollout.env import FixedTurnsEnvironment, Task
 from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of
@@ -55,7 +44,7 @@ from trace_core.training.config import TrainConfig
 from trace_core.training.heartbeat import Heartbeat
 from trace_core.training.policy import PolicyOptimizer
 from trace_core.training.profiler import PhaseProfiler
-from trace_core.tree import RolloutTree, save_trees
+from trace_core.tree import ROOT, RolloutTree, save_trees
 
 STATE_FILE = "trainer_state.json"
 
@@ -140,7 +129,7 @@ class Trainer:
             print(f"progress: train {cfg.method}: loading the data, the policy and the rollout engine", flush=True)
         self.method = get_method(cfg.method)
         self.spec = cfg.budget.spec()
-        self.estimator = get_advantage_estimator(cfg.advantage)
+        self.estimator = self.method.advantage_estimator(cfg.advantage)
         self.tasks, self.env_factory = load_tasks(cfg)
         if len(self.tasks) < self.spec.pool_size:
             source = cfg.task.train_file or f"the {cfg.task.family} default"
@@ -317,12 +306,9 @@ class Trainer:
                 tree.root.info["group_filter"] = "dropped"  # the logged trees say which were not trained on
         # Predictions made before the update (roots: stage 1; anchors: stage 2) for honest Spearman.
         predictions = []
-        for tree in trees:
-            p = np.full(len(tree.nodes), np.nan)
-            p[0] = root_pred[tree.prompt_id]
-            for node in tree.nodes:
-                if "predicted_value" in node.info:
-                    p[node.id] = node.info["predicted_value"]
+        for tree, anchor_pred in zip(trees, result.anchor_predictions, strict=True):
+            p = anchor_pred.copy()
+            p[ROOT] = root_pred[tree.prompt_id]
             predictions.append(p)
         with prof.phase("predictor_update"):
             pstats = self.predictor.update(trees, predictions)
@@ -350,12 +336,8 @@ class Trainer:
         """The step's bare rollouts per candidate: the method's root rule, reading the candidates'
         history when it is a history rule, then ``explore_fraction`` where the method explores."""
         view = self.prompt_history.view([t.id for t in pool], step) if self.method.reads_history else None
-        m = self.method.allocate_roots(v, self.spec, self.rng, history=view)
-        if self.cfg.predictor.explore_fraction > 0 and self.method.explores_roots:
-            from trace_core.predictor.explore import explore_roots
-
-            m = explore_roots(m, v, self.cfg.predictor.explore_fraction, self.rng, self.spec.max_per_prompt)
-        return m
+        return self.method.allocate_roots(v, self.spec, self.rng, history=view,
+                                          explore_fraction=self.cfg.predictor.explore_fraction)
 
     def _record_root_outcomes(self, step: int, trees: Sequence[RolloutTree], root_pred: dict[str, float]) -> None:
         """Each sampled prompt's bare root outcomes of ``step`` and the root prediction the allocator
@@ -373,47 +355,15 @@ class Trainer:
 
     def _step_metrics(self, trees: list[RolloutTree], kept: list[bool], advantages: Sequence[np.ndarray],
                       alloc: AllocationStats, result: RolloutResult) -> dict[str, float]:
-        """method §7's figures of one step, over **every rollout spent**: a round rule's dropped groups
-        count in the effective ratio, the rollouts and the budget (they were paid for), and the
-        price of a mixed group divides every rollout spent by the mixed groups the policy trains
-        on. ``advantages`` are the kept trees' (a dropped tree yields no signal)."""
-        adv = iter(advantages)
-        all_adv = [next(adv) if k else np.zeros(len(t.nodes)) for t, k in zip(trees, kept, strict=True)]
-        rs_all, rs_bare = reward_stats(trees, "all"), reward_stats(trees, "bare")
-        counts = contrast_counts(trees)
-        trained = contrast_counts([t for t, kk in zip(trees, kept, strict=True) if kk])
-        dropped = [t for t, kk in zip(trees, kept, strict=True) if not kk]
-        spent = counts.trajectories
-        metrics = {
-            "effective_ratio": effective_ratio(trees),
-            "prefix_effective_ratio": prefix_effective_ratio(trees),
-            "contrastive_yield": contrastive_yield(trees, all_adv),
-            "mixed_groups_per_100_rollouts": 100.0 * trained.mixed / spent if spent else float("nan"),
-            "rollouts_per_mixed_group": spent / trained.mixed if trained.mixed else float("nan"),
-            "counts/activated": float(counts.activated),
-            "counts/mixed_groups": float(counts.mixed),
-            "counts/mixed_groups_trained": float(trained.mixed),
-            "counts/dropped_groups": float(len(dropped)),
-            "counts/dropped_rollouts": float(sum(len(t.outcomes()) for t in dropped)),
-            "counts/expanded_anchors": float(counts.expanded_anchors),
-            "counts/mixed_anchors": float(counts.mixed_anchors),
-            "counts/rollouts": float(spent),
-            "alloc/skipped_share": alloc.skipped_share,
-            "alloc/mean_m_selected": alloc.mean_m_selected,
-            "alloc/mean_rollouts_selected": alloc.mean_rollouts_selected,
-            "alloc/rounds": float(result.rounds),
+        """method §7's figures of one step (:func:`~trace_core.metrics.step_metrics`: over every
+        rollout spent, ``advantages`` the kept trees'), the executor's budget, and the history's size."""
+        metrics = step_metrics(trees, kept, advantages, alloc, result.rounds)
+        metrics.update({
             "budget/trajectories": float(result.stats.trajectories),
             "budget/generated_tokens": float(result.stats.generated_tokens),
             "budget/cached_prompt_tokens": float(result.stats.cached_prompt_tokens),
-            "reward/mean": rs_all.mean_reward,
-            "reward/accuracy_bare": rs_bare.accuracy,
-            "reward/response_tokens": rs_all.mean_response_tokens,
-            "reward/turns": rs_all.mean_turns,
-            "reward/tool_error_rate": rs_all.tool_error_rate,
             "history/prompts": float(len(self.prompt_history)),  # prompts with a record when this step allocated
-        }
-        for b, kk in enumerate(alloc.k_by_position):
-            metrics[f"alloc/k_position_bin{b}"] = float(kk)
+        })
         return metrics
 
     # ------------------------------------------------------------------ loop
@@ -584,9 +534,6 @@ class _StepActivity:
 
     def __str__(self) -> str:
         return f"{self.label}: {self.profiler.current or 'between phases'}"
-
-    def __eq__(self, other: object) -> bool:
-        return str(self) == str(other)
 
 
 def step_sampling_seed(run_seed: int, agent_seed: int, step: int) -> int:
