@@ -94,7 +94,7 @@ from trace_core.rollout.engine import (  # noqa: E402
     iter_completions,
 )
 from trace_core.rollout.env import Action, FixedTurnsEnvironment, Observation, Task  # noqa: E402
-from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of  # noqa: E402
+from trace_core.rollout.executor import RolloutResult, TreeGrowth, TreeRolloutExecutor, expansion_of  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -336,16 +336,16 @@ def bench_prefix_reuse(engine, tokenizer, cfg: BenchConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------------- 3. long tail
-class GlobalBarrierExecutor(TreeRolloutExecutor):
+class GlobalBarrierGrowth(TreeGrowth):
     """The synchronous baseline: no prompt expands until every prompt's bare rollouts have ended.
 
-    ``TreeRolloutExecutor`` calls ``_expand(pi)`` the moment prompt ``pi``'s last bare rollout ends;
-    here those calls are held and released together once the last prompt's bare stage is over.
-    Everything else (allocation, continuations, accounting) is the executor's own code."""
+    A run calls ``_expand(pi)`` the moment prompt ``pi``'s last bare rollout ends; here those
+    calls are held and released together once the last prompt's bare stage is over. Everything
+    else (allocation, continuations, accounting) is the executor's own code."""
 
-    def run(self, *args: Any, **kwargs: Any) -> RolloutResult:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._held: list[int] = []
-        return super().run(*args, **kwargs)
 
     def _expand(self, pi: int) -> None:
         self._held.append(pi)
@@ -353,6 +353,12 @@ class GlobalBarrierExecutor(TreeRolloutExecutor):
             held, self._held = self._held, []
             for q in held:
                 super()._expand(q)
+
+
+class GlobalBarrierExecutor(TreeRolloutExecutor):
+    """The executor with :class:`GlobalBarrierGrowth`'s scheduling."""
+
+    growth_type = GlobalBarrierGrowth
 
 
 class RandomStopEnvironment(FixedTurnsEnvironment):

@@ -162,6 +162,8 @@ class _Prompt:
 class TreeRolloutExecutor:
     """Runs tree rollouts for a batch of prompts on one engine (see the module docstring)."""
 
+    growth_type: type[TreeGrowth]  # one run's state and scheduling (set below the class)
+
     def __init__(
         self,
         engine: RolloutEngine,
@@ -205,45 +207,9 @@ class TreeRolloutExecutor:
             raise ValueError("m must hold 0 or values >= 2 (a single rollout forms no group)")
         if self.engine.num_pending:
             raise ValueError(f"the engine has {self.engine.num_pending} pending requests; it must be idle")
-        self._rng = rng
-        self._sampling_seed = self.agent.seed if sampling_seed is None else int(sampling_seed)
-        self._expansion = expansion
-        self._stats = RolloutStats()
-        self._events: list[RolloutEvent] = []
-        self._engine_step = 0
-        self._requests: dict[str, list[_Traj]] = {}
-        self._snapshots: dict[tuple[int, int], Any] = {}
-        self._k_by_anchor: dict[str, dict[int, int]] = {}
-        self._received: dict[tuple[str, int], tuple[int, ...]] = {}
-        self._prompts: list[_Prompt] = []
-        self._pool = cf.ThreadPoolExecutor(self.tool_workers) if self.tool_workers > 0 else None
-        self._futures: dict[cf.Future, tuple[_Traj, Sample, float]] = {}
-        t0 = time.perf_counter()
-        try:
-            for task, mi in zip(tasks, m, strict=True):
-                if int(mi) == 0:
-                    continue
-                env = self.env_factory(task)
-                prompt_ids = render_prompt(self.tokenizer, task, env.tool_descriptions(), self.agent)
-                tree = RolloutTree(task.id, prompt_ids, info={"question": task.question})
-                budget = 0 if expansion is None else int(mi) * expansion.expansion_N
-                state = _Prompt(task=task, tree=tree, m=int(mi), prefix_budget=budget, bare_left=int(mi))
-                self._prompts.append(state)
-                self._start_group(len(self._prompts) - 1, "bare", ROOT, int(mi), first_env=env)
-                self._event("submit_bare", state, m=int(mi))
-            self._loop()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-        self._stats.wall_s = time.perf_counter() - t0
-        for p in self._prompts:
-            p.tree.validate()
-        return RolloutResult(
-            trees=[p.tree for p in self._prompts], stats=self._stats, events=self._events,
-            continuations_per_anchor=self._k_by_anchor, received_histories=self._received,
-            anchor_predictions=[_node_values(p.tree, p.anchor_predictions) for p in self._prompts],
-            kept=[True] * len(self._prompts),
-        )
+        growth = self.growth_type(self.engine, self.tokenizer, self.env_factory, self.agent, self.tool_workers,
+                                  rng, self.agent.seed if sampling_seed is None else int(sampling_seed), expansion)
+        return growth.grow(tasks, m)
 
     def run_in_rounds(
         self,
@@ -305,6 +271,62 @@ class TreeRolloutExecutor:
             kept=kept.tolist(), rounds=len(parts),
         )
         return RoundsResult(result, m)
+
+class TreeGrowth:
+    """One :meth:`TreeRolloutExecutor.run`: its trees, requests, snapshots and counters live here,
+    not on the executor, so an executor holds only its settings and two runs share no state. An
+    executor subclass may name a subclass of this one (``growth_type``) to change when prompts
+    expand — as ``bench/rollout.py``'s synchronous baseline does."""
+
+    def __init__(self, engine: RolloutEngine, tokenizer: Any, env_factory: EnvFactory, agent: AgentConfig,
+                 tool_workers: int, rng: np.random.Generator, sampling_seed: int,
+                 expansion: Expansion | None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.env_factory = env_factory
+        self.agent = agent
+        self.tool_workers = tool_workers
+        self._rng = rng
+        self._sampling_seed = sampling_seed
+        self._expansion = expansion
+
+    def grow(self, tasks: Sequence[Task], m: Sequence[int]) -> RolloutResult:
+        self._stats = RolloutStats()
+        self._events: list[RolloutEvent] = []
+        self._engine_step = 0
+        self._requests: dict[str, list[_Traj]] = {}
+        self._snapshots: dict[tuple[int, int], Any] = {}
+        self._k_by_anchor: dict[str, dict[int, int]] = {}
+        self._received: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._prompts: list[_Prompt] = []
+        self._pool = cf.ThreadPoolExecutor(self.tool_workers) if self.tool_workers > 0 else None
+        self._futures: dict[cf.Future, tuple[_Traj, Sample, float]] = {}
+        t0 = time.perf_counter()
+        try:
+            for task, mi in zip(tasks, m, strict=True):
+                if int(mi) == 0:
+                    continue
+                env = self.env_factory(task)
+                prompt_ids = render_prompt(self.tokenizer, task, env.tool_descriptions(), self.agent)
+                tree = RolloutTree(task.id, prompt_ids, info={"question": task.question})
+                budget = 0 if self._expansion is None else int(mi) * self._expansion.expansion_N
+                state = _Prompt(task=task, tree=tree, m=int(mi), prefix_budget=budget, bare_left=int(mi))
+                self._prompts.append(state)
+                self._start_group(len(self._prompts) - 1, "bare", ROOT, int(mi), first_env=env)
+                self._event("submit_bare", state, m=int(mi))
+            self._loop()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+        self._stats.wall_s = time.perf_counter() - t0
+        for p in self._prompts:
+            p.tree.validate()
+        return RolloutResult(
+            trees=[p.tree for p in self._prompts], stats=self._stats, events=self._events,
+            continuations_per_anchor=self._k_by_anchor, received_histories=self._received,
+            anchor_predictions=[_node_values(p.tree, p.anchor_predictions) for p in self._prompts],
+            kept=[True] * len(self._prompts),
+        )
 
     # ------------------------------------------------------------------ groups and requests
     def _start_group(self, pi: int, kind: str, branch: int, n: int, first_env: Environment | None = None) -> None:
@@ -455,7 +477,7 @@ class TreeRolloutExecutor:
         if p.shape != (len(anchors),):
             raise ValueError(f"score_prefixes returned shape {p.shape} for {len(anchors)} anchors")
         r = np.array([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors])
-        r = (r > 0.5).astype(np.float64)
+        r = is_success(r).astype(np.float64)
         turn = np.array([tree.nodes[a].depth for a in anchors])
         K = expansion.method.allocate_prefixes(p, r, budget, turn, self._rng)
         if int(K.sum()) != budget:
@@ -469,6 +491,7 @@ class TreeRolloutExecutor:
 
     def _event(self, kind: str, state: _Prompt, **detail: Any) -> None:
         self._events.append(RolloutEvent(self._engine_step, kind, state.task.id, detail))
+
 
 
 def _node_values(tree: RolloutTree, values: dict[int, float]) -> np.ndarray:
@@ -491,3 +514,4 @@ def _timed_step(env: Environment, action: Action) -> tuple[Observation, float]:
     return obs, time.perf_counter() - t
 
 
+TreeRolloutExecutor.growth_type = TreeGrowth
