@@ -127,3 +127,17 @@ def test_a_pool_smaller_than_the_candidate_pool_fails_before_any_model(tmp_path:
     with pytest.raises(ValueError, match=r"B = budget.pool_factor·M\(1\+N\)/G = \d+ distinct prompts.*holds only 3"):
         Trainer(cfg)  # the model path does not exist: the pool check comes first
     assert not (tmp_path / "out" / "spool").exists()
+
+
+def test_training_engine_settings_make_the_one_engine_config() -> None:
+    from trace_core.rollout.engine import EngineConfig
+    from trace_core.training.config import EngineSettings
+
+    settings = EngineSettings(kind="hf", dtype="bfloat16", block_size=16, max_model_len=1024, kv_cache_mb=64,
+                              gpu_memory_utilization=0.3, multiprocess=True)
+    ec = settings.engine_config("some/model", seed=7)
+    assert isinstance(ec, EngineConfig)
+    assert (ec.model_path, ec.kind, ec.dtype, ec.seed, ec.block_size, ec.max_model_len) == (
+        "some/model", "hf", "bfloat16", 7, 16, 1024)
+    assert ec.gpu_memory_utilization == 0.3 and ec.multiprocess
+    assert ec.kv_cache_bytes in (64 << 20, None)  # MiB on CPU; the GPU sizes by utilisation

@@ -81,6 +81,17 @@ class EngineSettings:
     multiprocess: bool = False  # engine core in its own process (vLLM's serving layout)
     poll_timeout_s: float = 600.0  # one engine step longer than this counts as a hung engine (0 = no watchdog)
 
+    def engine_config(self, model_path: str, seed: int):
+        """The :class:`~trace_core.rollout.engine.EngineConfig` of the engine on ``model_path``
+        (what ``trace_core.rollout.build_engine`` builds); the watchdog setting stays here."""
+        from trace_core.rollout.build import kv_cache_bytes_on_cpu
+        from trace_core.rollout.engine import EngineConfig
+
+        return EngineConfig(model_path=model_path, kind=self.kind, dtype=self.dtype, seed=seed,
+                            max_model_len=self.max_model_len, block_size=self.block_size,
+                            kv_cache_bytes=kv_cache_bytes_on_cpu(self.kv_cache_mb),
+                            gpu_memory_utilization=self.gpu_memory_utilization, multiprocess=self.multiprocess)
+
 
 @dataclass
 class PoolSuccessConfig:

@@ -176,14 +176,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ construction
     def _build_engine(self):
-        from trace_core.rollout.build import build_engine, kv_cache_bytes_on_cpu
-        from trace_core.rollout.engine import EngineConfig
+        from trace_core.rollout.build import build_engine
 
-        e = self.cfg.engine
-        return build_engine(EngineConfig(
-            model_path=self.cfg.policy_model, kind=e.kind, dtype=e.dtype, seed=self.cfg.seed,
-            max_model_len=e.max_model_len, block_size=e.block_size, kv_cache_bytes=kv_cache_bytes_on_cpu(e.kv_cache_mb),
-            gpu_memory_utilization=e.gpu_memory_utilization, multiprocess=e.multiprocess))
+        return build_engine(self.cfg.engine.engine_config(self.cfg.policy_model, self.cfg.seed))
 
     def _build_tracker(self) -> Tracker:
         from dataclasses import replace
