@@ -181,21 +181,11 @@ def bench_prefixes(rng: np.random.Generator, sizes: list[int], greedy_max: int) 
     return rows
 
 
-def fmt(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.3g}" if (x == 0 or 1e-3 <= abs(x) < 1e4) else f"{x:.2e}"
-    return str(x)
-
-
 def print_table(title: str, rows: list[dict]) -> None:
-    cols = list(dict.fromkeys(c for r in rows for c in r))
-    widths = [max(len(c), *(len(fmt(r.get(c))) for r in rows)) for c in cols]
-    print(f"\n{title}")
-    print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
-    for r in rows:
-        print("  ".join(fmt(r.get(c)).rjust(w) for c, w in zip(cols, widths, strict=True)))
+    from bench_tables import print_table as shared
+    from bench_tables import significant
+
+    shared(rows, fmt=significant, title=title)
 
 
 def plot(roots: list[dict], roots_beta: list[dict], prefixes: list[dict], path: Path) -> None:

@@ -604,15 +604,9 @@ PER_STEP_KEYS = (
 
 
 def table(rows: list[dict], cols: list[str]) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v)
+    from bench_tables import format_table, significant
 
-    widths = [max(len(c), *(len(fmt(r[c])) for r in rows)) for c in cols]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
-    lines += ["  ".join(fmt(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
+    return format_table(rows, cols, fmt=significant)
 
 
 def plot(out_png: Path, online: dict, scoring: dict, share: dict, real: dict, window: int) -> None:

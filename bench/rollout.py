@@ -503,18 +503,11 @@ def summarise_run(res: RolloutResult, clock: Clock) -> dict:
 
 
 # ---------------------------------------------------------------------------------- output
-def fmt(x: Any) -> str:
-    if isinstance(x, float):
-        return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
-    return str(x)
-
-
 def print_table(title: str, rows: list[dict], cols: list[str]) -> None:
-    widths = [max(len(c), *(len(fmt(r.get(c))) for r in rows)) for c in cols]
-    print(f"\n{title}")
-    print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
-    for r in rows:
-        print("  ".join(fmt(r.get(c)).rjust(w) for c, w in zip(cols, widths, strict=True)))
+    from bench_tables import print_table as shared
+    from bench_tables import significant
+
+    shared(rows, cols, fmt=significant, title=title)
 
 
 def plot(result: dict, path: Path) -> None:
