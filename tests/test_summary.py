@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from trace_core.training.summary import run_figures, training_table
+from trace_core.training.summary import run_figures, training_reading, training_table
 
 
 def test_ratios_are_pooled_as_counts_and_dropped_groups_cost_their_rollouts() -> None:
@@ -26,3 +26,7 @@ def test_ratios_are_pooled_as_counts_and_dropped_groups_cost_their_rollouts() ->
     assert older.rollouts_per_mixed_group == pytest.approx(124 / 4)  # a history from before the filter existed
     table = training_table([fig, older], {"dapo": 0.1, "grpo": 0.2}, "held-out pass@1 (%)")
     assert "| dapo | 0.667 [" in table and "| grpo |" in table
+    assert fig.opened_per_step == 3 and fig.rollouts_per_opened_prompt == pytest.approx(124 / 6)
+    reading = training_reading([older, fig])
+    assert "- grpo: opened 3.0 prompts a step with 20.7 rollouts each; 67% of them showed both outcomes" in reading
+    assert "- dapo:" in reading and "1.00× grpo's effective ratio" in reading

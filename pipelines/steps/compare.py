@@ -75,7 +75,7 @@ def _compare(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], methods: 
     """Write compare.md, compare.json and the plots into a new cache entry and log them; its record."""
     from trace_core.evaluation import EvalResult, comparison_table
     from trace_core.tracking import MLflowTracker, TrackingConfig
-    from trace_core.training.summary import run_figures, training_table
+    from trace_core.training.summary import run_figures, training_reading, training_table
 
     work = cache.start(STAGE, fp)
     reports = {m: loaded[m][0] for m in methods}
@@ -85,6 +85,7 @@ def _compare(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], methods: 
                         reports[m]["pool_samples"]) for m in methods]
     lines = ["### Learning signal per rollout (pooled over the training steps)", "",
              training_table(runs, {m: reports[m]["score"] for m in methods}, f"held-out {label} (%)"), "",
+             training_reading(runs), "",
              "### Cost", "", *cost_lines(reports, methods)]
     results = {m: EvalResult.from_json(reports[m]["evaluation"]) for m in methods}
     text = "\n".join(lines) + "\n\n### Evaluation\n\n" + comparison_table(results)

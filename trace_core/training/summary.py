@@ -64,6 +64,16 @@ class RunFigures:
         return self.rollouts / self.mixed_groups_trained if self.mixed_groups_trained else math.nan
 
     @property
+    def opened_per_step(self) -> float:
+        """Prompts given rollouts per step (GRPO and PCL: M(1+N)/G)."""
+        return self.activated / self.steps if self.steps else math.nan
+
+    @property
+    def rollouts_per_opened_prompt(self) -> float:
+        """Rollouts (bare and continuations) per prompt given any: how wide each group is."""
+        return self.rollouts / self.activated if self.activated else math.nan
+
+    @property
     def pool_success_start(self) -> float:
         return self.pool_success[0][1] if self.pool_success else math.nan
 
@@ -117,7 +127,8 @@ def training_table(runs: Sequence[RunFigures], held_out: Mapping[str, float] | N
     k = max((r.pool_samples for r in runs), default=0)
     head = ["method", "effective ratio [90% CI]", "mixed groups / 100 rollouts", "contrastive yield / 100",
             "rollouts per mixed group", "prefix eff. ratio [90% CI]", "skipped share", "gen. tokens / step",
-            f"pool success start → end (k={k})", held_out_label, "rollouts (+ warm-up)"]
+            f"pool success start → end (k={k})", held_out_label, "rollouts (+ warm-up)",
+            "prompts opened / step", "rollouts / opened prompt"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in runs:
         held = (held_out or {}).get(r.method, math.nan)
@@ -129,6 +140,24 @@ def training_table(runs: Sequence[RunFigures], held_out: Mapping[str, float] | N
             f"{_num(100 * r.pool_success_start)}% → {_num(100 * r.pool_success_end)}%",
             _num(100 * held if math.isfinite(held) else math.nan),
             f"{r.rollouts} (+ {r.warmup_rollouts})",
+            _num(r.opened_per_step), _num(r.rollouts_per_opened_prompt),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def training_reading(runs: Sequence[RunFigures], reference: str = "grpo") -> str:
+    """The table in words, one line per method against ``reference``: how many prompts it opened
+    and how wide, what share showed both outcomes (the effective ratio is per opened prompt), and
+    what that came to per rollout — the trade-off the methods make differently."""
+    base = next((r for r in runs if r.method == reference), None)
+    lines = []
+    for r in runs:
+        line = (f"- {r.method}: opened {_num(r.opened_per_step)} prompts a step with "
+                f"{_num(r.rollouts_per_opened_prompt)} rollouts each; {_num(100 * r.effective_ratio, 0)}% of them "
+                f"showed both outcomes, {_num(r.mixed_per_100_rollouts)} mixed groups per 100 rollouts")
+        if base is not None and r is not base and base.effective_ratio > 0 and base.mixed_per_100_rollouts > 0:
+            line += (f" ({r.effective_ratio / base.effective_ratio:.2f}× {reference}'s effective ratio, "
+                     f"{r.mixed_per_100_rollouts / base.mixed_per_100_rollouts:.2f}× its mixed groups per rollout)")
+        lines.append(line + ".")
     return "\n".join(lines)
