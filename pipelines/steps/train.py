@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 # The modules whose source defines a training result (a change to any of them retrains).
 TRAINING_CODE = ("trace_core.training", "trace_core.rollout", "trace_core.predictor", "trace_core.envs",
-                 "trace_core.allocation", "trace_core.advantages", "trace_core.metrics", "trace_core.tree")
+                 "trace_core.allocation", "trace_core.advantages", "trace_core.metrics", "trace_core.tree",
+                 "trace_core.history", "trace_core.tree_packing", "trace_core.seeding")
 # What the trained artifact holds, copied from the run directory.
 TRAINED_FILES = ("policy", "summary.json", "history.json", "cost_breakdown.txt", "train_config.yaml", "allocations")
 

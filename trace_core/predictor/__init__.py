@@ -8,7 +8,6 @@
 - :mod:`.scoring` — forwards over packs (sparse plan, or a dense 4D tree mask for sdpa/eager);
 - :mod:`.examples` — method §5's supervised set and the prefix share;
 - :mod:`.diagnostics` — out-of-sample Spearman, MSE, reliability bins / ECE;
-- :mod:`.explore` — ``explore_fraction`` (a root-allocation rule);
 - :mod:`.success_predictor` — :class:`SuccessPredictor`: score, update, save/restore.
 
 Importing this package is cheap: each name below loads its module (torch, transformers, scipy) on
@@ -26,7 +25,6 @@ _HOME = {
     "step_diagnostics": "diagnostics",
     "Example": "examples", "informative_prefixes": "examples", "sample_examples": "examples",
     "supervised_set": "examples",
-    "explore_roots": "explore",
     "Pack": "packing", "TokenTree": "packing", "pack_token_trees": "packing", "path_tokens": "packing",
     "tree_tokens": "packing",
     "SuccessPredictor": "success_predictor", "root_scores": "success_predictor",
@@ -43,7 +41,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "PRETRAINED_LEARNING_RATES", "Calibration", "Example", "Pack", "PredictorConfig", "StepDiagnostics",
-    "SuccessPredictor", "TokenTree", "calibration", "explore_roots", "informative_prefixes",
+    "SuccessPredictor", "TokenTree", "calibration", "informative_prefixes",
     "pack_token_trees", "path_tokens", "root_scores", "sample_examples", "step_diagnostics", "supervised_set",
     "tree_tokens",
 ]

@@ -159,119 +159,6 @@ class _Prompt:
     anchor_predictions: dict[int, float] = field(default_factory=dict)  # anchor node -> scorer's value
 
 
-class TreeRolloutExecutor:
-    """Runs tree rollouts for a batch of prompts on one engine (see the module docstring)."""
-
-    growth_type: type[TreeGrowth]  # one run's state and scheduling (set below the class)
-
-    def __init__(
-        self,
-        engine: RolloutEngine,
-        tokenizer: Any,
-        env_factory: EnvFactory,
-        agent: AgentConfig | None = None,
-        tool_workers: int = 16,
-    ) -> None:
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.env_factory = env_factory
-        self.agent = agent if agent is not None else AgentConfig()
-        self.tool_workers = tool_workers
-
-    # ------------------------------------------------------------------ public
-    def run(
-        self,
-        tasks: Sequence[Task],
-        m: Sequence[int],
-        expansion: Expansion | None,
-        rng: np.random.Generator,
-        sampling_seed: int | None = None,
-    ) -> RolloutResult:
-        """Grow one tree per task with ``m[i] > 0``; see the module docstring. ``expansion``: the
-        prompt-local prefix expansion (the method's prefix rule, N and the anchor scorer); None
-        rolls out the bare groups only.
-
-        ``sampling_seed`` keys this run's sampling: every request's seed is derived from it, the
-        prompt, the trajectory and the node, so one call is reproducible and two calls with
-        different seeds (two training steps, two runs) draw different tokens for the same
-        prompt. None: ``agent.seed`` (a one-off measurement). A trainer passes a seed derived from
-        its run seed and the step (:func:`trace_core.seeding.derive_seed`)."""
-        if len(tasks) != len(m):
-            raise ValueError(f"tasks ({len(tasks)}) and m ({len(m)}) must have the same length")
-        active_ids = [t.id for t, mi in zip(tasks, m, strict=True) if int(mi) > 0]
-        if len(set(active_ids)) != len(active_ids):
-            repeated = sorted({i for i in active_ids if active_ids.count(i) > 1})
-            raise ValueError(f"tasks {repeated} appear more than once among the activated prompts: one tree per "
-                             "prompt (a repeated prompt would draw the same seeds and the same rollouts)")
-        if any(int(x) < 0 or int(x) == 1 for x in m):
-            raise ValueError("m must hold 0 or values >= 2 (a single rollout forms no group)")
-        if self.engine.num_pending:
-            raise ValueError(f"the engine has {self.engine.num_pending} pending requests; it must be idle")
-        growth = self.growth_type(self.engine, self.tokenizer, self.env_factory, self.agent, self.tool_workers,
-                                  rng, self.agent.seed if sampling_seed is None else int(sampling_seed), expansion)
-        return growth.grow(tasks, m)
-
-    def run_in_rounds(
-        self,
-        tasks: Sequence[Task],
-        v: np.ndarray,
-        method: Method,
-        spec: BudgetSpec,
-        rng: np.random.Generator,
-        sampling_seed: int | None = None,
-    ) -> RoundsResult:
-        """Bare groups in rounds with ``method.round_rule`` (DAPO's dynamic sampling), at most
-        ``spec.total`` rollouts. Before each round the rule sees the candidates sampled so far,
-        the mixed groups so far and the rollouts spent, and returns the round's ``m`` (all zeros:
-        stop); each round is one :meth:`run` without expansion, finished before the next is
-        chosen. After the last round the rule's group filter marks which trees the policy trains
-        on (``result.kept``, in sampling order); a dropped group's rollouts still count in
-        ``result.stats``. Every round samples with ``sampling_seed``: request seeds are keyed by
-        the prompt too, and no prompt is sampled in two rounds.
-
-        Raises AssertionError if the rounds would spend more than ``spec.total``, ValueError for
-        a malformed round (a prompt sampled twice, ``m = 1``, a wrong length)."""
-        rule = method.round_rule
-        if rule is None:
-            raise ValueError(f"method {method.name!r} has no round rule: use run()")
-        v = np.asarray(v, dtype=np.float64)
-        B = len(tasks)
-        if v.shape != (B,):
-            raise ValueError(f"v has shape {v.shape}, expected ({B},): one prediction per task")
-        m = np.zeros(B, dtype=np.int64)
-        parts: list[RolloutResult] = []
-        mixed = 0
-        while True:
-            m_r = np.asarray(rule.next_round(v, m > 0, mixed, int(m.sum()), spec, rng), dtype=np.int64)
-            if m_r.shape != (B,) or np.any(m_r < 0) or np.any(m_r == 1) or np.any((m_r > 0) & (m > 0)):
-                raise ValueError("a round must give fresh prompts 0 or >= 2 rollouts each, one entry per task")
-            if not m_r.any():
-                break
-            if int(m.sum() + m_r.sum()) > spec.total:
-                raise AssertionError(f"{method.name}: rounds spend {int(m.sum() + m_r.sum())} > the budget "
-                                     f"{spec.total}")
-            part = self.run(tasks, m_r.tolist(), None, rng, sampling_seed=sampling_seed)
-            mixed += sum(_holds_both(t) for t in part.trees)
-            parts.append(part)
-            m += m_r
-        trees = [t for part in parts for t in part.trees]
-        flags = np.array([_holds_both(t) for t in trees], dtype=bool)
-        kept = np.asarray(rule.keep_groups(flags, spec), dtype=bool)
-        if kept.shape != flags.shape:
-            raise ValueError(f"keep_groups returned shape {kept.shape} for {flags.size} groups")
-        events, offset = [], 0
-        for part in parts:  # engine steps count on across the rounds
-            events += [RolloutEvent(e.engine_step + offset, e.kind, e.prompt_id, e.detail) for e in part.events]
-            offset += max((e.engine_step for e in part.events), default=0)
-        result = RolloutResult(
-            trees=trees, stats=merge_stats([part.stats for part in parts]), events=events,
-            continuations_per_anchor={k: d for part in parts for k, d in part.continuations_per_anchor.items()},
-            received_histories={k: h for part in parts for k, h in part.received_histories.items()},
-            anchor_predictions=[p for part in parts for p in part.anchor_predictions],
-            kept=kept.tolist(), rounds=len(parts),
-        )
-        return RoundsResult(result, m)
-
 class TreeGrowth:
     """One :meth:`TreeRolloutExecutor.run`: its trees, requests, snapshots and counters live here,
     not on the executor, so an executor holds only its settings and two runs share no state. An
@@ -289,8 +176,6 @@ class TreeGrowth:
         self._rng = rng
         self._sampling_seed = sampling_seed
         self._expansion = expansion
-
-    def grow(self, tasks: Sequence[Task], m: Sequence[int]) -> RolloutResult:
         self._stats = RolloutStats()
         self._events: list[RolloutEvent] = []
         self._engine_step = 0
@@ -299,8 +184,12 @@ class TreeGrowth:
         self._k_by_anchor: dict[str, dict[int, int]] = {}
         self._received: dict[tuple[str, int], tuple[int, ...]] = {}
         self._prompts: list[_Prompt] = []
-        self._pool = cf.ThreadPoolExecutor(self.tool_workers) if self.tool_workers > 0 else None
+        self._pool: cf.ThreadPoolExecutor | None = None
         self._futures: dict[cf.Future, tuple[_Traj, Sample, float]] = {}
+
+    def grow(self, tasks: Sequence[Task], m: Sequence[int]) -> RolloutResult:
+        """The trees of ``tasks`` with ``m[i] > 0`` (the executor has checked the inputs)."""
+        self._pool = cf.ThreadPoolExecutor(self.tool_workers) if self.tool_workers > 0 else None
         t0 = time.perf_counter()
         try:
             for task, mi in zip(tasks, m, strict=True):
@@ -493,6 +382,119 @@ class TreeGrowth:
         self._events.append(RolloutEvent(self._engine_step, kind, state.task.id, detail))
 
 
+class TreeRolloutExecutor:
+    """Runs tree rollouts for a batch of prompts on one engine (see the module docstring)."""
+
+    growth_type: type[TreeGrowth] = TreeGrowth  # one run's state and scheduling
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        env_factory: EnvFactory,
+        agent: AgentConfig | None = None,
+        tool_workers: int = 16,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.env_factory = env_factory
+        self.agent = agent if agent is not None else AgentConfig()
+        self.tool_workers = tool_workers
+
+    # ------------------------------------------------------------------ public
+    def run(
+        self,
+        tasks: Sequence[Task],
+        m: Sequence[int],
+        expansion: Expansion | None,
+        rng: np.random.Generator,
+        sampling_seed: int | None = None,
+    ) -> RolloutResult:
+        """Grow one tree per task with ``m[i] > 0``; see the module docstring. ``expansion``: the
+        prompt-local prefix expansion (the method's prefix rule, N and the anchor scorer); None
+        rolls out the bare groups only.
+
+        ``sampling_seed`` keys this run's sampling: every request's seed is derived from it, the
+        prompt, the trajectory and the node, so one call is reproducible and two calls with
+        different seeds (two training steps, two runs) draw different tokens for the same
+        prompt. None: ``agent.seed`` (a one-off measurement). A trainer passes a seed derived from
+        its run seed and the step (:func:`trace_core.seeding.derive_seed`)."""
+        if len(tasks) != len(m):
+            raise ValueError(f"tasks ({len(tasks)}) and m ({len(m)}) must have the same length")
+        active_ids = [t.id for t, mi in zip(tasks, m, strict=True) if int(mi) > 0]
+        if len(set(active_ids)) != len(active_ids):
+            repeated = sorted({i for i in active_ids if active_ids.count(i) > 1})
+            raise ValueError(f"tasks {repeated} appear more than once among the activated prompts: one tree per "
+                             "prompt (a repeated prompt would draw the same seeds and the same rollouts)")
+        if any(int(x) < 0 or int(x) == 1 for x in m):
+            raise ValueError("m must hold 0 or values >= 2 (a single rollout forms no group)")
+        if self.engine.num_pending:
+            raise ValueError(f"the engine has {self.engine.num_pending} pending requests; it must be idle")
+        growth = self.growth_type(self.engine, self.tokenizer, self.env_factory, self.agent, self.tool_workers,
+                                  rng, self.agent.seed if sampling_seed is None else int(sampling_seed), expansion)
+        return growth.grow(tasks, m)
+
+    def run_in_rounds(
+        self,
+        tasks: Sequence[Task],
+        v: np.ndarray,
+        method: Method,
+        spec: BudgetSpec,
+        rng: np.random.Generator,
+        sampling_seed: int | None = None,
+    ) -> RoundsResult:
+        """Bare groups in rounds with ``method.round_rule`` (DAPO's dynamic sampling), at most
+        ``spec.total`` rollouts. Before each round the rule sees the candidates sampled so far,
+        the mixed groups so far and the rollouts spent, and returns the round's ``m`` (all zeros:
+        stop); each round is one :meth:`run` without expansion, finished before the next is
+        chosen. After the last round the rule's group filter marks which trees the policy trains
+        on (``result.kept``, in sampling order); a dropped group's rollouts still count in
+        ``result.stats``. Every round samples with ``sampling_seed``: request seeds are keyed by
+        the prompt too, and no prompt is sampled in two rounds.
+
+        Raises AssertionError if the rounds would spend more than ``spec.total``, ValueError for
+        a malformed round (a prompt sampled twice, ``m = 1``, a wrong length)."""
+        rule = method.round_rule
+        if rule is None:
+            raise ValueError(f"method {method.name!r} has no round rule: use run()")
+        v = np.asarray(v, dtype=np.float64)
+        B = len(tasks)
+        if v.shape != (B,):
+            raise ValueError(f"v has shape {v.shape}, expected ({B},): one prediction per task")
+        m = np.zeros(B, dtype=np.int64)
+        parts: list[RolloutResult] = []
+        mixed = 0
+        while True:
+            m_r = np.asarray(rule.next_round(v, m > 0, mixed, int(m.sum()), spec, rng), dtype=np.int64)
+            if m_r.shape != (B,) or np.any(m_r < 0) or np.any(m_r == 1) or np.any((m_r > 0) & (m > 0)):
+                raise ValueError("a round must give fresh prompts 0 or >= 2 rollouts each, one entry per task")
+            if not m_r.any():
+                break
+            if int(m.sum() + m_r.sum()) > spec.total:
+                raise AssertionError(f"{method.name}: rounds spend {int(m.sum() + m_r.sum())} > the budget "
+                                     f"{spec.total}")
+            part = self.run(tasks, m_r.tolist(), None, rng, sampling_seed=sampling_seed)
+            mixed += sum(_holds_both(t) for t in part.trees)
+            parts.append(part)
+            m += m_r
+        trees = [t for part in parts for t in part.trees]
+        flags = np.array([_holds_both(t) for t in trees], dtype=bool)
+        kept = np.asarray(rule.keep_groups(flags, spec), dtype=bool)
+        if kept.shape != flags.shape:
+            raise ValueError(f"keep_groups returned shape {kept.shape} for {flags.size} groups")
+        events, offset = [], 0
+        for part in parts:  # engine steps count on across the rounds
+            events += [RolloutEvent(e.engine_step + offset, e.kind, e.prompt_id, e.detail) for e in part.events]
+            offset += max((e.engine_step for e in part.events), default=0)
+        result = RolloutResult(
+            trees=trees, stats=merge_stats([part.stats for part in parts]), events=events,
+            continuations_per_anchor={k: d for part in parts for k, d in part.continuations_per_anchor.items()},
+            received_histories={k: h for part in parts for k, h in part.received_histories.items()},
+            anchor_predictions=[p for part in parts for p in part.anchor_predictions],
+            kept=kept.tolist(), rounds=len(parts),
+        )
+        return RoundsResult(result, m)
+
 
 def _node_values(tree: RolloutTree, values: dict[int, float]) -> np.ndarray:
     """float64 (nodes,): ``values`` at their node ids, NaN elsewhere."""
@@ -512,6 +514,3 @@ def _timed_step(env: Environment, action: Action) -> tuple[Observation, float]:
     t = time.perf_counter()
     obs = env.step(action)
     return obs, time.perf_counter() - t
-
-
-TreeRolloutExecutor.growth_type = TreeGrowth
