@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,7 @@ from trace_core.predictor import (
     supervised_set,
     tree_tokens,
 )
-from trace_core.predictor.examples import num_prefix_examples
+from trace_core.predictor.examples import num_prefix_examples, prefix_weight
 from trace_core.predictor.scoring import pack_logits
 from trace_core.seeding import derive_seed
 from trace_core.tree import ROOT, RolloutTree
@@ -241,6 +243,36 @@ def test_prefix_share_sampling() -> None:
     examples, n = sample_examples(s, 0.06, np.random.default_rng(1))
     assert examples[: len(s.roots)] == s.roots and len(examples) == len(s.roots) + n
     assert set(examples[len(s.roots):]) <= set(s.prefixes)
+
+
+def test_floor_prefixes_keep_the_share_of_the_loss() -> None:
+    assert prefix_weight(47, 3, 0.06) == 1.0  # at or under the share: full weight
+    assert prefix_weight(0, 5, 0.06) == 1.0 and prefix_weight(5, 0, 0.06) == 1.0
+    w = prefix_weight(35, 16, 0.06)
+    assert 16 * w / (35 + 16 * w) == pytest.approx(0.06)
+    s = supervised_set([random_tree(k, allow_empty=False) for k in range(30)])
+    assert len(s.prefixes) > 20
+    examples, n = sample_examples(s, 0.06, np.random.default_rng(1), minimum=20)
+    roots, prefixes = examples[: len(s.roots)], examples[len(s.roots):]
+    assert n == 20 and all(e.weight == 1.0 for e in roots)
+    share = sum(e.weight for e in prefixes) / sum(e.weight for e in examples)
+    assert share == pytest.approx(0.06)
+    with pytest.raises(ValueError, match="prefix_share"):
+        prefix_weight(3, 3, 1.0)
+
+
+def test_weighted_loss_is_the_weighted_mean() -> None:
+    """A prefix at weight w moves the loss as w copies of it would: one example at weight 0.5
+    beside a root gives the loss of the weighted mean, and weight 0 the root's alone."""
+    trees = [random_tree(0, allow_empty=False)]
+    s = supervised_set(trees)
+    root, prefix = s.roots[0], s.prefixes[0]
+    pred = SuccessPredictor(tiny_config()).score_trees(trees)[0]
+    err = {ex.node: (pred[ex.node] - ex.target) ** 2 for ex in (root, prefix)}
+    for w, expected in ((0.5, (err[root.node] + 0.5 * err[prefix.node]) / 1.5), (0.0, err[root.node])):
+        fresh = SuccessPredictor(tiny_config())
+        out = fresh.fit_examples(trees, [root, dataclasses.replace(prefix, weight=w)])
+        assert out["loss"] == pytest.approx(expected, rel=1e-4)
 
 
 # ---------------------------------------------------------------------------- update, guard, state

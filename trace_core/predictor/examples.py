@@ -6,12 +6,17 @@ with at least ``min_leaves`` (default 2) leaves below. Targets are the tree-back
 ``prefix_share`` of a step's examples (the paper: 6% of a predictor batch), with a floor of
 ``minimum`` prefixes a step (``PredictorConfig.min_prefix_examples``, a scale adaptation: the
 paper's share of ~1,000 roots is ~60 prefixes a step; of our tens of roots it is under one).
+
+The floor trains the prefix head; it must not also change what the roots learn. When it raises
+the count above the share, each prefix example is down-weighted (:func:`prefix_weight`) so that
+the prefixes still carry ``prefix_share`` of the loss, as the paper's 6% of a batch does.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -35,6 +40,7 @@ class Example:
     tree: int
     node: int
     target: float
+    weight: float = 1.0  # its weight in the loss (a weighted mean over the batch)
 
 
 @dataclass(frozen=True)
@@ -78,12 +84,33 @@ def num_prefix_examples(
     return min(max(n, int(minimum)), num_candidates)
 
 
+def prefix_weight(num_roots: int, num_prefixes: int, prefix_share: float) -> float:
+    """The loss weight of each of ``num_prefixes`` prefix examples beside ``num_roots`` roots
+    (weight 1): 1 while there are no more of them than the share's stochastic rounding can draw
+    (``⌈share / (1 − share) · roots⌉``), else — the floor raised the count — the weight that gives
+    them exactly that share of the total, ``share / (1 − share) · roots / prefixes``. Without
+    roots there is nothing to share the loss with: 1."""
+    if not 0 <= prefix_share < 1:
+        raise ValueError(f"prefix_share must lie in [0, 1), got {prefix_share}")
+    if num_roots < 0 or num_prefixes < 0:
+        raise ValueError("num_roots and num_prefixes must be >= 0")
+    expected = prefix_share / (1.0 - prefix_share) * num_roots
+    if num_prefixes <= math.ceil(expected) or num_roots == 0:
+        return 1.0
+    return expected / num_prefixes
+
+
 def sample_examples(
     candidates: SupervisedSet, prefix_share: float, rng: np.random.Generator, minimum: int = 0
 ) -> tuple[list[Example], int]:
     """All roots plus a uniform sample (without replacement) of prefixes — ``prefix_share`` of the
-    examples, at least ``minimum`` while there are that many candidates; returns the examples
-    (roots first, prefixes in candidate order) and the number of prefixes drawn."""
+    examples, at least ``minimum`` while there are that many candidates, the prefixes weighted
+    (:func:`prefix_weight`) so that they carry at most ``prefix_share`` of the loss; returns the
+    examples (roots first, prefixes in candidate order) and the number of prefixes drawn."""
     n = num_prefix_examples(len(candidates.roots), len(candidates.prefixes), prefix_share, rng, minimum)
     chosen = np.sort(rng.choice(len(candidates.prefixes), size=n, replace=False)) if n else np.zeros(0, int)
-    return list(candidates.roots) + [candidates.prefixes[j] for j in chosen.tolist()], n
+    w = prefix_weight(len(candidates.roots), n, prefix_share)
+    prefixes = [candidates.prefixes[j] for j in chosen.tolist()]
+    if w != 1.0:
+        prefixes = [replace(ex, weight=w) for ex in prefixes]
+    return list(candidates.roots) + prefixes, n

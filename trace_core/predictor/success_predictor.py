@@ -120,7 +120,8 @@ class SuccessPredictor:
         before any weight changes. Returns flat stats:
 
         ``loss`` (mean training MSE over the optimizer steps taken; NaN if none), ``n_roots``,
-        ``n_prefixes`` (prefix examples drawn), ``n_prefix_candidates``, ``optimizer_steps``,
+        ``n_prefixes`` (prefix examples drawn), ``prefix_weight`` (the loss weight of each, 1 unless
+        the floor raised their count past the share), ``n_prefix_candidates``, ``optimizer_steps``,
         ``skipped`` (steps refused by the guard), ``grad_norm`` (of the last step taken), and,
         with ``config.diagnostics``, the out-of-sample ``oos_*`` / ``ece_*`` figures computed on
         predictions made before this update changed any weight, and the two prefix Spearman
@@ -156,6 +157,7 @@ class SuccessPredictor:
                                                self.config.min_prefix_examples)
         stats.update(self.fit_examples(train_trees, examples))
         stats.update(n_roots=float(len(candidates.roots)), n_prefixes=float(n_prefixes),
+                     prefix_weight=examples[-1].weight if n_prefixes else 1.0,
                      n_prefix_candidates=float(len(candidates.prefixes)),
                      n_train_roots=float(len(train_candidates.roots)))
         if self.config.replay_steps > 1:
@@ -210,6 +212,7 @@ class SuccessPredictor:
         """Train on explicit ``examples`` for ``epochs_per_update`` passes of shuffled
         mini-batches of ``batch_size``. Each mini-batch packs only the paths to its nodes."""
         token_trees = [tree_tokens(t) for t in trees]
+        examples = [ex for ex in examples if ex.weight > 0]  # a zero weight contributes nothing
         losses: list[float] = []
         skipped = 0
         grad_norm = float("nan")
@@ -247,17 +250,21 @@ class SuccessPredictor:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
+        batch_weight = sum(ex.weight for ex in batch)
         for pack in packs:
             logits = pack_logits(self.model, pack, self.device, self.config.attn_implementation,
                                  self.config.compute_dtype)
-            index, target = [], []
+            index, target, weight = [], [], []
             for item, readout in zip(pack.items, pack.readout, strict=True):
                 for ex in by_tree[tree_ids[item]]:
                     index.append(int(readout[ex.node]))
                     target.append(ex.target)
+                    weight.append(ex.weight)
             pred = torch.sigmoid(logits[torch.as_tensor(index, device=self.device)])
             y = torch.as_tensor(target, dtype=pred.dtype, device=self.device)
-            loss = ((pred - y) ** 2).sum() / len(batch)  # mean over the batch, accumulated over packs
+            w = torch.as_tensor(weight, dtype=pred.dtype, device=self.device)
+            # the weighted mean over the batch (all weights 1: the plain mean), accumulated over packs
+            loss = (w * (pred - y) ** 2).sum() / batch_weight
             loss.backward()
             total += loss.detach().double()
         loss_value = float(total)
