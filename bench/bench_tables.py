@@ -1,11 +1,18 @@
-"""The benchmarks' one table printer: rows of dicts as aligned columns (numbers to 3 places, or
-to 3 significant figures with ``significant``)."""
+"""The benchmarks' one table printer: rows of dicts as aligned columns (``format_table``) or as a
+markdown table (``format_markdown``).
+
+A value is written by ``fmt``: one formatter for every column, or a mapping from column to
+formatter (columns it leaves out use ``cell``). Formatters: ``cell`` (numbers to 3 places),
+``significant`` (3 significant figures) and ``fixed(digits)`` (a fixed number of places).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+Formatter = Callable[[Any], str]
 
 
 def cell(value: Any) -> str:
@@ -25,12 +32,31 @@ def significant(value: Any) -> str:
     return cell(value)
 
 
+def fixed(digits: int) -> Formatter:
+    """Numbers to ``digits`` places whatever their size (a column of like figures); the rest as ``cell``."""
+    def write(value: Any) -> str:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return f"{value:.{digits}f}"
+        return cell(value)
+
+    return write
+
+
+def _columns(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None) -> list[str]:
+    return list(dict.fromkeys(c for r in rows for c in r)) if columns is None else list(columns)
+
+
+def _formatters(columns: Sequence[str], fmt: Formatter | Mapping[str, Formatter]) -> list[Formatter]:
+    return [fmt.get(c, cell) for c in columns] if isinstance(fmt, Mapping) else [fmt] * len(columns)
+
+
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
-                 fmt: Callable[[Any], str] = cell) -> str:
+                 fmt: Formatter | Mapping[str, Formatter] = cell) -> str:
     """``rows`` as a fixed-width table of ``columns`` (default: every key, in first-seen order;
-    missing cells print as –), each value written by ``fmt``."""
-    columns = list(dict.fromkeys(c for r in rows for c in r)) if columns is None else list(columns)
-    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+    missing cells print as –), the first column left-aligned and the rest right-aligned."""
+    columns = _columns(rows, columns)
+    writers = _formatters(columns, fmt)
+    cells = [[w(r.get(c)) for c, w in zip(columns, writers, strict=True)] for r in rows]
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
     def line(values: Sequence[str]) -> str:
         pairs = enumerate(zip(values, widths, strict=True))
@@ -39,8 +65,25 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
     return "\n".join([line(list(columns)), "  ".join("-" * w for w in widths), *(line(row) for row in cells)])
 
 
+def format_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
+                    fmt: Formatter | Mapping[str, Formatter] = cell) -> str:
+    """``rows`` as a markdown table of ``columns``; a column holding any number is right-aligned.
+    A key a row lacks is an empty cell (the figure does not apply to that row), a None one –."""
+    columns = _columns(rows, columns)
+    writers = _formatters(columns, fmt)
+    def numeric(column: str) -> bool:
+        return any(isinstance(r.get(column), int | float) and not isinstance(r.get(column), bool) for r in rows)
+
+    def line(values: Sequence[str]) -> str:
+        return "| " + " | ".join(values) + " |"
+
+    body = [line([w(r[c]) if c in r else "" for c, w in zip(columns, writers, strict=True)]) for r in rows]
+    return "\n".join([line(list(columns)), "|" + "|".join("---:" if numeric(c) else "---" for c in columns) + "|",
+                      *body])
+
+
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
-                fmt: Callable[[Any], str] = cell, title: str | None = None) -> None:
+                fmt: Formatter | Mapping[str, Formatter] = cell, title: str | None = None) -> None:
     if title:
         print(f"\n{title}")
     print(format_table(rows, columns, fmt))

@@ -50,6 +50,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -58,6 +59,7 @@ from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from bench_tables import Formatter, fixed, print_table  # noqa: E402
 
 DEFAULT_NOISE_STD = 2.0  # trace_core.sim.DEFAULT_NOISE_STD (checked in main; the library loads after --help)
 
@@ -227,16 +229,44 @@ def mean_of(res: dict, metric: str) -> float:
     return float("nan") if v is None else v
 
 
-def fmt(x: float | None, digits: int = 3) -> str:
-    return "   -  " if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
+def last_pool_success(res: dict) -> float | None:
+    """The dataset's success after a persistent-pool run's last step (None for the i.i.d. mode)."""
+    return res["pool_success_by_step"][-1] if res["pool_success_by_step"] else None
 
 
-def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
-    print(f"\n{title}")
-    print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))))
-    for r in rows:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+def k_share_keys(res: dict) -> list[str]:
+    """The metrics of the prefix budget's share by relative turn position, in position order."""
+    return sorted(k for k in res["reported"] if k.startswith("k_share_pos"))
+
+
+def places(digits: dict[str, int]) -> dict[str, Formatter]:
+    """Per column, its figures to a fixed number of decimal places."""
+    return {column: fixed(d) for column, d in digits.items()}
+
+
+class ResultGrid:
+    """The finished runs, found by what defines a row of a table: group, label, shape, pool factor,
+    Beta parameter, noise and simulator mode."""
+
+    def __init__(self, tasks: list[Task], results: list[dict]) -> None:
+        self.runs = {self.key(t.group, t.label, t.roots_M, t.expansion_N, t.pool_factor, t.beta, t.noise_std, t.mode): r
+                     for t, r in zip(tasks, results, strict=True)}
+
+    @staticmethod
+    def key(group: str, label: str, M: int, N: int, pool_factor: int = 4, beta: float = 0.15,
+            noise_std: float = DEFAULT_NOISE_STD, mode: str = "iid") -> tuple:
+        return (group, label, M, N, pool_factor, beta, noise_std, mode)
+
+    def main_run(self, label: str, M: int, N: int, mode: str = "iid") -> dict:
+        """A row of the main table (pool factor 4, a = 0.15, the default noise)."""
+        return self.runs[self.key("main", label, M, N, mode=mode)]
+
+    def get(self, group: str, label: str, M: int, N: int, pool_factor: int = 4, beta: float = 0.15,
+            noise_std: float = DEFAULT_NOISE_STD, main_label: str | None = None) -> dict:
+        """An i.i.d. run of ``group``; where its cell is the main table's (not run twice), the main
+        table's run of ``main_label`` (default: ``label``)."""
+        res = self.runs.get(self.key(group, label, M, N, pool_factor, beta, noise_std))
+        return res or self.main_run(main_label or label, M, N)
 
 
 def run_all(tasks: list[Task], workers: int) -> list[dict]:
@@ -272,43 +302,221 @@ def protocol(args: argparse.Namespace) -> dict:
     }
 
 
-def posterior_sweep(args: argparse.Namespace, tasks: list[Task], results: list[dict], wall: float, out: Path) -> int:
+
+
+# ---------------------------------------------------------------------------------- the posterior sweep
+SWEEP_FORMATS = places({**{f"r/mix {p}": 2 for p in SWEEP_PREDICTORS}, **{f"eff {p}": 3 for p in SWEEP_PREDICTORS},
+                        "mean r/mix": 2})
+
+
+def sweep_row(config: str, rpm: dict[str, float], eff: dict[str, float]) -> dict:
+    return {"config": config, **{f"r/mix {p}": rpm[p] for p in SWEEP_PREDICTORS},
+            **{f"eff {p}": eff[p] for p in SWEEP_PREDICTORS}, "mean r/mix": float(np.mean(list(rpm.values())))}
+
+
+def posterior_sweep(args: argparse.Namespace, tasks: list[Task], results: list[dict], wall: float) -> int:
     """The tuning run that fixed PosteriorConfig's defaults (criterion stated in the docstring)."""
     by_label = {t.label: r for t, r in zip(tasks, results, strict=True)}
     rows, table = [], []
-    for s in SWEEP_STRENGTHS:
-        for g in SWEEP_DISCOUNTS:
-            for w in SWEEP_WINDOWS:
-                res = {p: by_label[f"s={s:g} γ={g:g} W={w} / {p}"] for p in SWEEP_PREDICTORS}
-                rpm = {p: mean_of(r, "rollouts_per_mixed_group_pooled") for p, r in res.items()}
-                eff = {p: mean_of(r, "effective_ratio") for p, r in res.items()}
-                score = float(np.mean(list(rpm.values())))
-                rows.append({"prior_strength": s, "discount": g, "evidence_window": w, "rollouts_per_mixed_group": rpm,
-                             "effective_ratio": eff, "criterion": score})
-                table.append([f"s={s:g} γ={g:g} W={w}"] + [fmt(rpm[p], 2) for p in SWEEP_PREDICTORS]
-                             + [fmt(eff[p]) for p in SWEEP_PREDICTORS] + [fmt(score, 2)])
+    for s, g, w in itertools.product(SWEEP_STRENGTHS, SWEEP_DISCOUNTS, SWEEP_WINDOWS):
+        res = {p: by_label[f"s={s:g} γ={g:g} W={w} / {p}"] for p in SWEEP_PREDICTORS}
+        rpm = {p: mean_of(r, "rollouts_per_mixed_group_pooled") for p, r in res.items()}
+        eff = {p: mean_of(r, "effective_ratio") for p, r in res.items()}
+        rows.append({"prior_strength": s, "discount": g, "evidence_window": w, "rollouts_per_mixed_group": rpm,
+                     "effective_ratio": eff, "criterion": float(np.mean(list(rpm.values())))})
+        table.append(sweep_row(f"s={s:g} γ={g:g} W={w}", rpm, eff))
     ref = {p: mean_of(by_label[f"trace / {p}"], "rollouts_per_mixed_group_pooled") for p in SWEEP_PREDICTORS}
     ref_eff = {p: mean_of(by_label[f"trace / {p}"], "effective_ratio") for p in SWEEP_PREDICTORS}
-    table.append(["trace (point roots)"] + [fmt(ref[p], 2) for p in SWEEP_PREDICTORS]
-                 + [fmt(ref_eff[p]) for p in SWEEP_PREDICTORS] + [fmt(float(np.mean(list(ref.values()))), 2)])
+    table.append(sweep_row("trace (point roots)", ref, ref_eff))
     best = min(rows, key=lambda r: r["criterion"])
     M, N = args.sweep_shape
-    print_table(f"Posterior sweep, persistent pool, (M, N) = ({M}, {N}), seed {args.seed}: rollouts per mixed group "
-                f"(pooled over the last {args.report_steps} of {args.total_steps} steps) and effective ratio",
-                ["config", *(f"r/mix {p}" for p in SWEEP_PREDICTORS), *(f"eff {p}" for p in SWEEP_PREDICTORS),
-                 "mean r/mix"], table)
+    print_table(table, fmt=SWEEP_FORMATS,
+                title=f"Posterior sweep, persistent pool, (M, N) = ({M}, {N}), seed {args.seed}: rollouts per mixed "
+                      f"group (pooled over the last {args.report_steps} of {args.total_steps} steps) and effective "
+                      "ratio")
     print(f"\nargmin of the mean r/mix: s={best['prior_strength']:g} γ={best['discount']:g} "
           f"W={best['evidence_window']} ({best['criterion']:.2f}); wall {wall:.1f} s")
     payload = {"command": "python " + " ".join(sys.argv), "wall_s": wall, "protocol": protocol(args),
                "shape": [M, N], "grid": rows, "trace_reference": {"rollouts_per_mixed_group": ref,
                                                                  "effective_ratio": ref_eff}, "argmin": best}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_clean(payload), indent=1, allow_nan=False))
-    print(f"wrote {out}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(_clean(payload), indent=1, allow_nan=False))
+    print(f"wrote {args.out}")
     return 0
 
 
-def main() -> int:
+# ---------------------------------------------------------------------------------- the tables
+MAIN_FORMATS = places({"eff": 3, "±sd": 3, "prefix": 3, "yield": 1, "r/mix": 1, "×GRPO": 2, "prompts": 0, "skip": 2,
+                       "m": 2, "m+K": 2, "turns": 0, "ρroot": 2, "ρanch": 2, "pool": 3})
+BOTH_MODES_FORMATS = places({"eff iid": 3, "eff pers": 3, "r/mix iid": 1, "r/mix pers": 1, "yield iid": 1,
+                             "yield pers": 1, "pool": 3})
+SENS_FORMATS = places({"grpo": 3, "treepo": 3, "trace/or": 3, "trace/lrn": 3, "or×": 2, "lrn×": 2, "y grpo": 1,
+                       "y or": 1, "y lrn": 1})
+NOISE_FORMATS = places({"ρroot": 3, "ρanchor": 3, "eff": 3, "prefix": 3, "yield": 3, "×GRPO": 2})
+NOISE_COLUMNS = {"ρroot": "spearman_root_vs_true", "ρanchor": "spearman_anchor_vs_true", "eff": "effective_ratio",
+                 "prefix": "prefix_effective_ratio", "yield": "contrastive_yield"}  # column: metric
+K_LABELS = ("treepo", "trace / oracle", "trace / learned", "trace-prefix-only / oracle")  # K by position rows
+
+
+def main_row(label: str, res: dict, grpo_eff: float, persistent: bool) -> dict:
+    """One method's line of a main table: its figures, and its effective ratio over GRPO's."""
+    eff = mean_of(res, "effective_ratio")
+    row = {
+        "method / predictor": label, "eff": eff, "±sd": res["reported"]["effective_ratio"]["std"],
+        "prefix": mean_of(res, "prefix_effective_ratio"), "yield": mean_of(res, "contrastive_yield"),
+        "r/mix": mean_of(res, "rollouts_per_mixed_group_pooled"), "×GRPO": eff / grpo_eff,
+        "prompts": mean_of(res, "counts/activated"), "skip": mean_of(res, "alloc/skipped_share"),
+        "m": mean_of(res, "alloc/mean_m_selected"), "m+K": mean_of(res, "alloc/mean_rollouts_selected"),
+        "turns": mean_of(res, "turns_generated"), "ρroot": mean_of(res, "spearman_root_vs_true"),
+        "ρanch": mean_of(res, "spearman_anchor_vs_true"),
+    }
+    if persistent:
+        row["pool"] = last_pool_success(res)
+    return row
+
+
+def print_main_table(args: argparse.Namespace, grid: ResultGrid, mode: str, M: int, N: int) -> dict:
+    """Every method at one shape in one mode; returns its runs, each with its ratio to GRPO."""
+    grpo = mean_of(grid.main_run("grpo", M, N, mode), "effective_ratio")
+    rows, shape_out = [], {}
+    for label, _, _ in ROWS:
+        res = grid.main_run(label, M, N, mode)
+        rows.append(main_row(label, res, grpo, persistent=mode == "persistent"))
+        shape_out[label] = {"ratio_to_grpo": mean_of(res, "effective_ratio") / grpo, **res}
+    title = (f"[{mode}] (M, N) = ({M}, {N}): {M * (1 + N)} trajectories per step, pool {4 * M * (1 + N) // 8}"
+             f"; mean over the last {args.report_steps} of {args.total_steps} steps (r/mix: rollouts per mixed"
+             " group, pooled)")
+    if mode == "persistent":
+        title += "; pool: dataset success after the last step"
+    print_table(rows, fmt=MAIN_FORMATS, title=title)
+    return shape_out
+
+
+def print_main_tables(args: argparse.Namespace, grid: ResultGrid) -> dict:
+    """One table per mode and shape; returns the results' "shapes" (i.i.d.) and "persistent_shapes"."""
+    summary: dict = {"shapes": {}, "persistent_shapes": {}}
+    for mode in MODES:
+        for M, N in args.shapes:
+            shape_out = print_main_table(args, grid, mode, M, N)
+            summary["shapes" if mode == "iid" else "persistent_shapes"][f"{M},{N}"] = shape_out
+    return summary
+
+
+def print_both_modes(args: argparse.Namespace, grid: ResultGrid) -> None:
+    rows = []
+    for M, N in args.shapes:
+        for label, _, _ in ROWS:
+            a, b = grid.main_run(label, M, N, "iid"), grid.main_run(label, M, N, "persistent")
+            rows.append({
+                "shape / method": f"({M},{N}) {label}",
+                "eff iid": mean_of(a, "effective_ratio"), "eff pers": mean_of(b, "effective_ratio"),
+                "r/mix iid": mean_of(a, "rollouts_per_mixed_group_pooled"),
+                "r/mix pers": mean_of(b, "rollouts_per_mixed_group_pooled"),
+                "yield iid": mean_of(a, "contrastive_yield"), "yield pers": mean_of(b, "contrastive_yield"),
+                "pool": last_pool_success(b),
+            })
+    print_table(rows, fmt=BOTH_MODES_FORMATS, title="Both simulator modes: effective ratio, rollouts per mixed group, "
+                                                     "contrastive yield; pool success (persistent)")
+
+
+def shape_targets(grid: ResultGrid, M: int, N: int) -> dict:
+    """The targets at one shape (i.i.d. mode): TRACE's ratios to GRPO and the ablation order."""
+    r = {lab: mean_of(grid.main_run(lab, M, N), "effective_ratio") for lab, _, _ in ROWS}
+    checks = {
+        f"trace/oracle >= {TARGET_ORACLE}x grpo": r["trace / oracle"] / r["grpo"] >= TARGET_ORACLE,
+        f"trace/learned >= {TARGET_LEARNED}x grpo": r["trace / learned"] / r["grpo"] >= TARGET_LEARNED,
+    }
+    for pred in ("oracle", "learned"):
+        both = r[f"trace / {pred}"]
+        root, prefix = r[f"trace-root-only / {pred}"], r[f"trace-prefix-only / {pred}"]
+        checks[f"order ({pred}): both > each single > neither"] = (
+            both > root and both > prefix and min(root, prefix) > r["treepo"]
+        )
+    return {
+        "trace_oracle_x_grpo": r["trace / oracle"] / r["grpo"],
+        "trace_learned_x_grpo": r["trace / learned"] / r["grpo"],
+        "checks": checks,
+    }
+
+
+def print_targets(args: argparse.Namespace, grid: ResultGrid) -> dict:
+    """The targets per shape, as judged and as the results' "targets"."""
+    targets = {f"{M},{N}": shape_targets(grid, M, N) for M, N in args.shapes}
+    rows = [{"shape": f"({shape})", "check": name, "result": "PASS" if ok else "MISS"}
+            for shape, t in targets.items() for name, ok in t["checks"].items()]
+    print_table(rows, title="Targets (effective ratio, pinned defaults, i.i.d. mode)")
+    return targets
+
+
+def print_k_by_position(args: argparse.Namespace, grid: ResultGrid) -> None:
+    M, N = args.shapes[-1]
+    keys = k_share_keys(grid.main_run("trace / oracle", M, N))
+    rows = [{"method / predictor": label, **{k.replace("k_share_pos_", ""): mean_of(grid.main_run(label, M, N), k)
+                                             for k in keys}} for label in K_LABELS]
+    print_table(rows, fmt=fixed(2),
+                title=f"Share of the prefix budget by relative turn position t/T, (M, N) = ({M}, {N})")
+
+
+def print_sensitivity(args: argparse.Namespace, grid: ResultGrid) -> list[dict]:
+    """Beta parameter × pool factor at the sensitivity shape; returns the results' "sensitivity"."""
+    M, N = args.sensitivity_shape
+    rows, out = [], []
+    for beta, pf in itertools.product(BETAS, POOL_FACTORS):
+        runs = {lab: grid.get("sensitivity", lab, M, N, pool_factor=pf, beta=beta) for lab, _, _ in SENS_ROWS}
+        e = {lab: mean_of(res, "effective_ratio") for lab, res in runs.items()}
+        y = {lab: mean_of(res, "contrastive_yield") for lab, res in runs.items()}
+        rows.append({
+            "cell": f"a={beta:g} pool×{pf}", "grpo": e["grpo"], "treepo": e["treepo"], "trace/or": e["trace / oracle"],
+            "trace/lrn": e["trace / learned"], "or×": e["trace / oracle"] / e["grpo"],
+            "lrn×": e["trace / learned"] / e["grpo"], "y grpo": y["grpo"], "y or": y["trace / oracle"],
+            "y lrn": y["trace / learned"],
+        })
+        out.append({"beta": beta, "pool_factor": pf, "effective_ratio": e, "contrastive_yield": y})
+    print_table(rows, fmt=SENS_FORMATS,
+                title=f"Sensitivity at (M, N) = ({M}, {N}): Beta(a, a) difficulty × pool factor (effective ratio; "
+                      "yield)")
+    return out
+
+
+def noise_figures(res: dict) -> dict[str, float]:
+    return {metric: mean_of(res, metric) for metric in NOISE_COLUMNS.values()}
+
+
+def noise_row(name: str, figures: dict[str, float], grpo_eff: float) -> dict:
+    return {"predictor": name, **{column: figures[metric] for column, metric in NOISE_COLUMNS.items()},
+            "×GRPO": figures["effective_ratio"] / grpo_eff}
+
+
+def print_noise_sweep(args: argparse.Namespace, grid: ResultGrid) -> list[dict]:
+    """TRACE with the noisy predictor at each σ, beside the oracle and the learned one; returns the
+    results' "noise_sweep"."""
+    M, N = args.sensitivity_shape
+    grpo = mean_of(grid.main_run("grpo", M, N), "effective_ratio")
+    rows, out = [], []
+    for sigma in NOISE_STDS:
+        res = grid.get("noise", f"trace / noisy σ={sigma:g}", M, N, noise_std=sigma, main_label="trace / noisy")
+        figures = noise_figures(res)
+        rows.append(noise_row(f"σ={sigma:g}", figures, grpo))
+        out.append({"noise_std": sigma, **figures})
+    for label in ("trace / oracle", "trace / learned"):
+        rows.append(noise_row(label, noise_figures(grid.main_run(label, M, N)), grpo))
+    print_table(rows, fmt=NOISE_FORMATS,
+                title=f"TRACE vs predictor quality at (M, N) = ({M}, {N}) (ρ: Spearman with the hidden V)")
+    return out
+
+
+def print_run_summary(args: argparse.Namespace, tasks: list[Task], results: list[dict], targets: dict,
+                      wall: float) -> None:
+    cpu = sum(r["cpu_s"] for r in results)
+    print(f"\nwall time {wall:.1f} s with {args.workers} worker(s); {sum(len(t.steps) for t in tasks)} steps; "
+          f"{cpu:.1f} CPU s in the workers (wall on idle cores ≈ CPU s / workers)")
+    misses = [f"({s}) {n}" for s, t in targets.items() for n, ok in t["checks"].items() if not ok]
+    note = " (--quick: tiny shapes and 2 reported steps; the targets are judged on the full run)" if args.quick else ""
+    print(("targets: all met" if not misses else "targets MISSED: " + "; ".join(misses)) + note)
+
+
+# ---------------------------------------------------------------------------------- the run
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Examples:\n  python bench/contrast.py --quick\n"
@@ -319,11 +527,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--posterior-sweep", action="store_true",
                         help="only the posterior's tuning sweep (how its pinned defaults were chosen)")
-    args = parser.parse_args()
-    from trace_core import sim
+    return parser
 
-    if sim.DEFAULT_NOISE_STD != DEFAULT_NOISE_STD:
-        raise SystemExit(f"DEFAULT_NOISE_STD here ({DEFAULT_NOISE_STD}) differs from the simulator's")
+
+def set_scale(args: argparse.Namespace) -> None:
+    """The shapes and step counts of the full run, or of ``--quick``'s smoke run."""
     if args.quick:
         args.shapes = [(128, 2), (128, 6), (256, 2)]
         args.sensitivity_shape = (128, 2)
@@ -334,164 +542,27 @@ def main() -> int:
         args.sensitivity_shape = (512, 2)
         args.sweep_shape = (256, 2)
         args.total_steps, args.report_steps = 20, 8
+
+
+def parse_args() -> argparse.Namespace:
+    args = build_parser().parse_args()
+    from trace_core import sim  # after parsing, so that --help does not load the library
+
+    if sim.DEFAULT_NOISE_STD != DEFAULT_NOISE_STD:
+        raise SystemExit(f"DEFAULT_NOISE_STD here ({DEFAULT_NOISE_STD}) differs from the simulator's")
+    set_scale(args)
     name = "contrast.posterior_sweep" if args.posterior_sweep else "contrast"
-    out = args.out or Path("bench/results") / (f"{name}_quick.json" if args.quick else f"{name}.json")
+    args.out = args.out or Path("bench/results") / (f"{name}_quick.json" if args.quick else f"{name}.json")
+    return args
 
-    t0 = time.perf_counter()
-    tasks = build_tasks(args)
-    results = run_all(tasks, args.workers)
-    wall = time.perf_counter() - t0
-    if args.posterior_sweep:
-        return posterior_sweep(args, tasks, results, wall, out)
 
-    by_key = {}
-    for task, res in zip(tasks, results, strict=True):
-        by_key[(task.group, task.label, task.roots_M, task.expansion_N, task.pool_factor, task.beta,
-                task.noise_std, task.mode)] = res
-
-    def main_res(label: str, M: int, N: int, mode: str = "iid") -> dict:
-        return by_key[("main", label, M, N, 4, 0.15, DEFAULT_NOISE_STD, mode)]
-
-    # ------------------------------------------------------------------ main tables, one per mode
-    summary: dict = {"shapes": {}, "persistent_shapes": {}}
-    for mode in MODES:
-        for M, N in args.shapes:
-            grpo = mean_of(main_res("grpo", M, N, mode), "effective_ratio")
-            rows = []
-            shape_out = {}
-            for label, _, _ in ROWS:
-                res = main_res(label, M, N, mode)
-                eff = mean_of(res, "effective_ratio")
-                row = [
-                    label, fmt(eff), fmt(res["reported"]["effective_ratio"]["std"]),
-                    fmt(mean_of(res, "prefix_effective_ratio")), fmt(mean_of(res, "contrastive_yield"), 1),
-                    fmt(mean_of(res, "rollouts_per_mixed_group_pooled"), 1),
-                    fmt(eff / grpo, 2), fmt(mean_of(res, "counts/activated"), 0),
-                    fmt(mean_of(res, "alloc/skipped_share"), 2),
-                    fmt(mean_of(res, "alloc/mean_m_selected"), 2), fmt(mean_of(res, "alloc/mean_rollouts_selected"), 2),
-                    fmt(mean_of(res, "turns_generated"), 0),
-                    fmt(mean_of(res, "spearman_root_vs_true"), 2), fmt(mean_of(res, "spearman_anchor_vs_true"), 2),
-                ]
-                if mode == "persistent":
-                    row.append(fmt(res["pool_success_by_step"][-1] if res["pool_success_by_step"] else None))
-                rows.append(row)
-                shape_out[label] = {"ratio_to_grpo": eff / grpo, **res}
-            header = ["method / predictor", "eff", "±sd", "prefix", "yield", "r/mix", "×GRPO", "prompts", "skip",
-                      "m", "m+K", "turns", "ρroot", "ρanch"]
-            title = (f"[{mode}] (M, N) = ({M}, {N}): {M * (1 + N)} trajectories per step, pool {4 * M * (1 + N) // 8}"
-                     f"; mean over the last {args.report_steps} of {args.total_steps} steps (r/mix: rollouts per mixed"
-                     " group, pooled)")
-            if mode == "persistent":
-                header.append("pool")
-                title += "; pool: dataset success after the last step"
-            print_table(title, header, rows)
-            summary["shapes" if mode == "iid" else "persistent_shapes"][f"{M},{N}"] = shape_out
-
-    # ------------------------------------------------------------------ both modes side by side
-    brows = []
-    for M, N in args.shapes:
-        for label, _, _ in ROWS:
-            a, b = main_res(label, M, N, "iid"), main_res(label, M, N, "persistent")
-            brows.append([
-                f"({M},{N}) {label}", fmt(mean_of(a, "effective_ratio")), fmt(mean_of(b, "effective_ratio")),
-                fmt(mean_of(a, "rollouts_per_mixed_group_pooled"), 1),
-                fmt(mean_of(b, "rollouts_per_mixed_group_pooled"), 1),
-                fmt(mean_of(a, "contrastive_yield"), 1), fmt(mean_of(b, "contrastive_yield"), 1),
-                fmt(b["pool_success_by_step"][-1] if b["pool_success_by_step"] else None),
-            ])
-    print_table("Both simulator modes: effective ratio, rollouts per mixed group, contrastive yield; pool success "
-                "(persistent)", ["shape / method", "eff iid", "eff pers", "r/mix iid", "r/mix pers", "yield iid",
-                                 "yield pers", "pool"], brows)
-
-    # ------------------------------------------------------------------ targets (i.i.d. mode, as before)
-    targets, trows = {}, []
-    for M, N in args.shapes:
-        r = {lab: mean_of(main_res(lab, M, N), "effective_ratio") for lab, _, _ in ROWS}
-        checks = {
-            f"trace/oracle >= {TARGET_ORACLE}x grpo": r["trace / oracle"] / r["grpo"] >= TARGET_ORACLE,
-            f"trace/learned >= {TARGET_LEARNED}x grpo": r["trace / learned"] / r["grpo"] >= TARGET_LEARNED,
-        }
-        for pred in ("oracle", "learned"):
-            both = r[f"trace / {pred}"]
-            root, prefix = r[f"trace-root-only / {pred}"], r[f"trace-prefix-only / {pred}"]
-            checks[f"order ({pred}): both > each single > neither"] = (
-                both > root and both > prefix and min(root, prefix) > r["treepo"]
-            )
-        targets[f"{M},{N}"] = {
-            "trace_oracle_x_grpo": r["trace / oracle"] / r["grpo"],
-            "trace_learned_x_grpo": r["trace / learned"] / r["grpo"],
-            "checks": checks,
-        }
-        for name, ok in checks.items():
-            trows.append([f"({M},{N})", name, "PASS" if ok else "MISS"])
-    print_table("Targets (effective ratio, pinned defaults, i.i.d. mode)", ["shape", "check", "result"], trows)
-    summary["targets"] = targets
-
-    # ------------------------------------------------------------------ K by position
-    krows = []
-    M, N = args.shapes[-1]
-    kkeys = sorted(k for k in main_res("trace / oracle", M, N)["reported"] if k.startswith("k_share_pos"))
-    for label in ("treepo", "trace / oracle", "trace / learned", "trace-prefix-only / oracle"):
-        res = main_res(label, M, N)
-        krows.append([label] + [fmt(mean_of(res, k), 2) for k in kkeys])
-    print_table(f"Share of the prefix budget by relative turn position t/T, (M, N) = ({M}, {N})",
-                ["method / predictor"] + [k.replace("k_share_pos_", "") for k in kkeys], krows)
-
-    # ------------------------------------------------------------------ sensitivity
-    Ms, Ns = args.sensitivity_shape
-    sens_rows, sens_out = [], []
-    for beta in BETAS:
-        for pf in POOL_FACTORS:
-            def cell(label: str, beta: float = beta, pf: int = pf) -> dict:
-                key = ("sensitivity", label, Ms, Ns, pf, beta, DEFAULT_NOISE_STD, "iid")
-                return by_key.get(key) or main_res(label, Ms, Ns)
-            e = {lab: mean_of(cell(lab), "effective_ratio") for lab, _, _ in SENS_ROWS}
-            y = {lab: mean_of(cell(lab), "contrastive_yield") for lab, _, _ in SENS_ROWS}
-            sens_rows.append([
-                f"a={beta:g} pool×{pf}", fmt(e["grpo"]), fmt(e["treepo"]), fmt(e["trace / oracle"]),
-                fmt(e["trace / learned"]), fmt(e["trace / oracle"] / e["grpo"], 2),
-                fmt(e["trace / learned"] / e["grpo"], 2), fmt(y["grpo"], 1), fmt(y["trace / oracle"], 1),
-                fmt(y["trace / learned"], 1),
-            ])
-            sens_out.append({"beta": beta, "pool_factor": pf, "effective_ratio": e, "contrastive_yield": y})
-    print_table(
-        f"Sensitivity at (M, N) = ({Ms}, {Ns}): Beta(a, a) difficulty × pool factor (effective ratio; yield)",
-        ["cell", "grpo", "treepo", "trace/or", "trace/lrn", "or×", "lrn×", "y grpo", "y or", "y lrn"],
-        sens_rows,
-    )
-    summary["sensitivity"] = sens_out
-
-    # ------------------------------------------------------------------ noise sweep
-    grpo_s = mean_of(main_res("grpo", Ms, Ns), "effective_ratio")
-    nrows, nout = [], []
-    for sigma in NOISE_STDS:
-        res = by_key.get(("noise", f"trace / noisy σ={sigma:g}", Ms, Ns, 4, 0.15, sigma, "iid"))
-        res = res or main_res("trace / noisy", Ms, Ns)
-        row = {k: mean_of(res, k) for k in ("spearman_root_vs_true", "spearman_anchor_vs_true",
-                                            "effective_ratio", "prefix_effective_ratio", "contrastive_yield")}
-        nrows.append([f"σ={sigma:g}"] + [fmt(row[k], 3) for k in row] + [fmt(row["effective_ratio"] / grpo_s, 2)])
-        nout.append({"noise_std": sigma, **row})
-    for label in ("trace / oracle", "trace / learned"):
-        res = main_res(label, Ms, Ns)
-        row = [mean_of(res, k) for k in ("spearman_root_vs_true", "spearman_anchor_vs_true",
-                                         "effective_ratio", "prefix_effective_ratio", "contrastive_yield")]
-        nrows.append([label] + [fmt(x, 3) for x in row] + [fmt(row[2] / grpo_s, 2)])
-    print_table(f"TRACE vs predictor quality at (M, N) = ({Ms}, {Ns}) (ρ: Spearman with the hidden V)",
-                ["predictor", "ρroot", "ρanchor", "eff", "prefix", "yield", "×GRPO"], nrows)
-    summary["noise_sweep"] = nout
-
-    cpu = sum(r["cpu_s"] for r in results)
-    print(f"\nwall time {wall:.1f} s with {args.workers} worker(s); {sum(len(t.steps) for t in tasks)} steps; "
-          f"{cpu:.1f} CPU s in the workers (wall on idle cores ≈ CPU s / workers)")
-    misses = [f"({s}) {n}" for s, t in targets.items() for n, ok in t["checks"].items() if not ok]
-    note = " (--quick: tiny shapes and 2 reported steps; the targets are judged on the full run)" if args.quick else ""
-    print(("targets: all met" if not misses else "targets MISSED: " + "; ".join(misses)) + note)
-
-    payload = {
+def results_payload(args: argparse.Namespace, tasks: list[Task], results: list[dict], summary: dict,
+                    wall: float) -> dict:
+    return {
         "command": "python " + " ".join(sys.argv),
         "quick": args.quick,
         "wall_s": wall,
-        "worker_cpu_s": cpu,
+        "worker_cpu_s": sum(r["cpu_s"] for r in results),
         "workers": args.workers,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "protocol": {
@@ -502,10 +573,33 @@ def main() -> int:
         **summary,
         "noise_tasks": [r for t, r in zip(tasks, results, strict=True) if t.group == "noise"],
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_clean(payload), indent=1, allow_nan=False))
-    plot(payload, by_key, args, out.with_suffix(".png"), main_res)
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+def write_results(payload: dict, grid: ResultGrid, args: argparse.Namespace) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(_clean(payload), indent=1, allow_nan=False))
+    plot(payload, grid, args, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+def main() -> int:
+    args = parse_args()
+    t0 = time.perf_counter()
+    tasks = build_tasks(args)
+    results = run_all(tasks, args.workers)
+    wall = time.perf_counter() - t0
+    if args.posterior_sweep:
+        return posterior_sweep(args, tasks, results, wall)
+
+    grid = ResultGrid(tasks, results)
+    summary = print_main_tables(args, grid)
+    print_both_modes(args, grid)
+    summary["targets"] = print_targets(args, grid)
+    print_k_by_position(args, grid)
+    summary["sensitivity"] = print_sensitivity(args, grid)
+    summary["noise_sweep"] = print_noise_sweep(args, grid)
+    print_run_summary(args, tasks, results, summary["targets"], wall)
+    write_results(results_payload(args, tasks, results, summary, wall), grid, args)
     return 0
 
 
@@ -524,18 +618,14 @@ def _clean(x: object) -> object:
     return x
 
 
-def plot(payload: dict, by_key: dict, args: argparse.Namespace, path: Path, main_res) -> None:
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 2, figsize=(14, 14))
-    ax = axes[0, 0]
+# ---------------------------------------------------------------------------------- the figure
+def plot_effective_ratio(ax, grid: ResultGrid, args: argparse.Namespace) -> None:
     labels = [r[0] for r in ROWS]
     width = 0.8 / len(args.shapes)
     for k, (M, N) in enumerate(args.shapes):
-        vals = [mean_of(main_res(lab, M, N), "effective_ratio") for lab in labels]
+        vals = [mean_of(grid.main_run(lab, M, N), "effective_ratio") for lab in labels]
         ax.bar(np.arange(len(labels)) + k * width, vals, width, label=f"M={M}, N={N}")
     ax.set_xticks(np.arange(len(labels)) + width * (len(args.shapes) - 1) / 2)
     ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
@@ -543,21 +633,23 @@ def plot(payload: dict, by_key: dict, args: argparse.Namespace, path: Path, main
     ax.set_title("Effective ratio at equal budget M(1+N)")
     ax.legend(fontsize=8)
 
-    ax = axes[0, 1]
+
+def plot_warmup(ax, grid: ResultGrid, args: argparse.Namespace) -> None:
     for M, N in args.shapes:
-        curve = main_res("trace / learned", M, N)["effective_ratio_by_step"]
+        curve = grid.main_run("trace / learned", M, N)["effective_ratio_by_step"]
         line, = ax.plot(curve, label=f"trace/learned M={M},N={N}")
-        ax.axhline(mean_of(main_res("trace / oracle", M, N), "effective_ratio"), color=line.get_color(), ls=":")
-        ax.axhline(mean_of(main_res("grpo", M, N), "effective_ratio"), color=line.get_color(), ls="--", lw=0.8)
+        ax.axhline(mean_of(grid.main_run("trace / oracle", M, N), "effective_ratio"), color=line.get_color(), ls=":")
+        ax.axhline(mean_of(grid.main_run("grpo", M, N), "effective_ratio"), color=line.get_color(), ls="--", lw=0.8)
     ax.axvline(args.total_steps - args.report_steps - 0.5, color="grey", lw=0.8)
     ax.set_xlabel("step (learned predictor online; reported steps right of the grey line)")
     ax.set_ylabel("effective ratio")
     ax.set_title("Learned predictor warm-up (dotted: oracle, dashed: GRPO)")
     ax.legend(fontsize=8)
 
-    ax = axes[1, 0]
+
+def plot_sensitivity(ax, sensitivity: list[dict], args: argparse.Namespace) -> None:
     for pf, color in zip(POOL_FACTORS, ("tab:blue", "tab:orange", "tab:green"), strict=True):
-        cells = [c for c in payload["sensitivity"] if c["pool_factor"] == pf]
+        cells = [c for c in sensitivity if c["pool_factor"] == pf]
         betas = [c["beta"] for c in cells]
         for pred, style in (("oracle", "o-"), ("learned", "x--")):
             ratio = [c["effective_ratio"][f"trace / {pred}"] / c["effective_ratio"]["grpo"] for c in cells]
@@ -569,23 +661,26 @@ def plot(payload: dict, by_key: dict, args: argparse.Namespace, path: Path, main
     ax.set_title(f"Sensitivity at (M, N) = {tuple(args.sensitivity_shape)}")
     ax.legend(fontsize=7, ncol=2)
 
-    ax = axes[1, 1]
+
+def plot_k_by_position(ax, grid: ResultGrid, args: argparse.Namespace) -> None:
     M, N = args.shapes[-1]
-    kkeys = sorted(k for k in main_res("trace / oracle", M, N)["reported"] if k.startswith("k_share_pos"))
-    for j, label in enumerate(("treepo", "trace / oracle", "trace / learned", "trace-prefix-only / oracle")):
-        res = main_res(label, M, N)
-        ax.bar(np.arange(len(kkeys)) + j * 0.2, [mean_of(res, k) for k in kkeys], 0.2, label=label)
-    ax.set_xticks(np.arange(len(kkeys)) + 0.3)
-    ax.set_xticklabels([k.replace("k_share_pos_", "").replace("_", "–") for k in kkeys])
+    keys = k_share_keys(grid.main_run("trace / oracle", M, N))
+    for j, label in enumerate(K_LABELS):
+        res = grid.main_run(label, M, N)
+        ax.bar(np.arange(len(keys)) + j * 0.2, [mean_of(res, k) for k in keys], 0.2, label=label)
+    ax.set_xticks(np.arange(len(keys)) + 0.3)
+    ax.set_xticklabels([k.replace("k_share_pos_", "").replace("_", "–") for k in keys])
     ax.set_xlabel("relative turn position t/T of the anchor")
     ax.set_ylabel("share of continuations")
     ax.set_title(f"Prefix budget by position, (M, N) = ({M}, {N})")
     ax.legend(fontsize=8)
 
-    ax = axes[2, 0]
+
+def plot_mixed_group_price(ax, grid: ResultGrid, args: argparse.Namespace) -> None:
     M, N = args.sensitivity_shape
+    labels = [r[0] for r in ROWS]
     for k, mode in enumerate(MODES):
-        vals = [mean_of(main_res(lab, M, N, mode), "rollouts_per_mixed_group_pooled") for lab in labels]
+        vals = [mean_of(grid.main_run(lab, M, N, mode), "rollouts_per_mixed_group_pooled") for lab in labels]
         ax.bar(np.arange(len(labels)) + k * 0.4, vals, 0.4, label=mode)
     ax.set_xticks(np.arange(len(labels)) + 0.2)
     ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
@@ -594,15 +689,31 @@ def plot(payload: dict, by_key: dict, args: argparse.Namespace, path: Path, main
     ax.set_title(f"The price of one mixed group, both simulator modes, (M, N) = ({M}, {N})")
     ax.legend(fontsize=8)
 
-    ax = axes[2, 1]
+
+def plot_persistent_curves(ax, grid: ResultGrid, args: argparse.Namespace) -> None:
+    M, N = args.sensitivity_shape
     for label in ("grpo", "greso", "dapo", "trace / learned", "trace-posterior / learned",
                   "trace-posterior-thompson / learned"):
-        res = main_res(label, M, N, "persistent")
-        ax.plot(res["effective_ratio_by_step"], label=f"{label}: eff")
+        ax.plot(grid.main_run(label, M, N, "persistent")["effective_ratio_by_step"], label=f"{label}: eff")
     ax.set_xlabel("step (persistent pool)")
     ax.set_ylabel("effective ratio")
     ax.set_title(f"Persistent pool: effective ratio by step, (M, N) = ({M}, {N})")
     ax.legend(fontsize=7)
+
+
+def plot(payload: dict, grid: ResultGrid, args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 2, figsize=(14, 14))
+    plot_effective_ratio(axes[0, 0], grid, args)
+    plot_warmup(axes[0, 1], grid, args)
+    plot_sensitivity(axes[1, 0], payload["sensitivity"], args)
+    plot_k_by_position(axes[1, 1], grid, args)
+    plot_mixed_group_price(axes[2, 0], grid, args)
+    plot_persistent_curves(axes[2, 1], grid, args)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
