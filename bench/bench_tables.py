@@ -67,18 +67,19 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
 
 def format_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
                     fmt: Formatter | Mapping[str, Formatter] = cell) -> str:
-    """``rows`` as a markdown table of ``columns``; a column holding any number is right-aligned.
-    A key a row lacks is an empty cell (the figure does not apply to that row), a None one –."""
+    """``rows`` as a markdown table of ``columns``: a column of text only is left-aligned, the rest
+    right-aligned. A key a row lacks is an empty cell (the figure does not apply there), None is –."""
     columns = _columns(rows, columns)
     writers = _formatters(columns, fmt)
-    def numeric(column: str) -> bool:
-        return any(isinstance(r.get(column), int | float) and not isinstance(r.get(column), bool) for r in rows)
+    def textual(column: str) -> bool:
+        values = [r[column] for r in rows if r.get(column) is not None]
+        return bool(values) and all(isinstance(v, str) for v in values)
 
     def line(values: Sequence[str]) -> str:
         return "| " + " | ".join(values) + " |"
 
     body = [line([w(r[c]) if c in r else "" for c, w in zip(columns, writers, strict=True)]) for r in rows]
-    return "\n".join([line(list(columns)), "|" + "|".join("---:" if numeric(c) else "---" for c in columns) + "|",
+    return "\n".join([line(list(columns)), "|" + "|".join("---" if textual(c) else "---:" for c in columns) + "|",
                       *body])
 
 

@@ -67,6 +67,7 @@ def parse_args() -> argparse.Namespace:
 ARGS = parse_args() if __name__ == "__main__" else None
 
 import numpy as np  # noqa: E402
+from bench_tables import fixed, format_markdown  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
 CLIP = 1e-3
@@ -165,69 +166,89 @@ def evaluate_at(replay: Replay, step: int, prompt_ids: list[str], tokens: list[l
     return out
 
 
-def main(args: argparse.Namespace) -> None:
-    import torch
-
+def load_run_config(args: argparse.Namespace):
+    """The run's TrainConfig, its task file pointed at ``--testbed``'s pool where one is given."""
     from trace_core.config import load_config
-    from trace_core.history import PosteriorConfig
-    from trace_core.metrics import spearman
-    from trace_core.predictor.config import PredictorConfig
     from trace_core.training.config import TrainConfig
-    from trace_core.training.trainer import load_tasks
-    from trace_core.tree import load_trees
 
-    torch.set_num_threads(1)
-    run = args.run
-    testbed = args.testbed
     overrides = list(args.overrides)
-    if testbed is not None:
-        overrides += [f"task.train_file={testbed / 'pool.jsonl'}"]
+    if args.testbed is not None:
+        overrides += [f"task.train_file={args.testbed / 'pool.jsonl'}"]
     cfg = load_config(TrainConfig, args.config, ["task.family=qa", "task.index_dir=artifacts/qa_index",
                                                  *overrides])
-    if testbed is None and cfg.task.train_file and not Path(cfg.task.train_file).is_file():
+    if args.testbed is None and cfg.task.train_file and not Path(cfg.task.train_file).is_file():
         raise SystemExit(f"{cfg.task.train_file} does not exist: pass --testbed (the folder with pool.jsonl)")
-    tasks, factory = load_tasks(cfg)
+    return cfg
+
+
+def pool_prompts(run: Path, cfg) -> tuple[list[str], list[list[int]]]:
+    """The pool prompts' ids and their rendered tokens, as the run's policy saw them."""
     from transformers import AutoTokenizer
 
     from trace_core.rollout.agent import render_prompt
+    from trace_core.training.trainer import load_tasks
 
+    tasks, factory = load_tasks(cfg)
     tokenizer = AutoTokenizer.from_pretrained(run / "policy")
-    ids = [t.id for t in tasks]
     tokens = [render_prompt(tokenizer, t, factory(t).tool_descriptions(), cfg.agent) for t in tasks]
-    warmup = load_trees(run / "warmup_trees.jsonl.gz")
-    steps = sorted(run.glob("trees/step*.jsonl.gz"))
-    measured = {int(json.loads(p.read_text())["step"]): json.loads(p.read_text())
-                for p in sorted(run.glob("pool_success/step*.json"))}
-    updates = args.warmup_updates or cfg.predictor_warmup.updates
-    posterior = PosteriorConfig()
-    results = {}
-    for window in args.replay:
-        replay = Replay(cfg.predictor, warmup, updates, window)
-        points = []
-        for step in range(len(steps) + 1):
-            if step in measured:
-                points.append(evaluate_at(replay, step, ids, tokens, measured[step], posterior))
-                p = points[-1]
-                print(f"W={window} step {step}: spearman learned {p['learned']['all'].get('spearman', np.nan):.3f} "
-                      f"(bias {p['learned']['all'].get('bias', np.nan):+.3f}), seen {p['seen_prompts']}: "
-                      f"history {p['history']['seen'].get('spearman', np.nan):.3f}, "
-                      f"posterior {p['posterior']['seen'].get('spearman', np.nan):.3f}", flush=True)
-            if step < len(steps):
-                replay.step(step, load_trees(steps[step]))
-        pairs = np.array(replay.prefix_pairs)
-        results[f"W={window}"] = {"points": points, "prefix_spearman_random_anchor": float(
-            spearman(pairs[:, 0], pairs[:, 1])) if len(pairs) > 2 else None, "prefix_pairs": len(pairs)}
-    summary = json.loads((run / "summary.json").read_text())
-    frac = summary.get("cost_fractions", {})
-    share = frac.get("predictor_scoring", 0.0) + frac.get("predictor_update", 0.0)
-    table(results)
-    default = f"W={PredictorConfig().replay_steps}"  # the targets are judged on the default predictor
+    return [t.id for t in tasks], tokens
+
+
+def measured_pool_success(run: Path) -> dict[int, dict]:
+    """Per step where it was measured, the pool success record of that step."""
+    records = [json.loads(p.read_text()) for p in sorted(run.glob("pool_success/step*.json"))]
+    return {int(r["step"]): r for r in records}
+
+
+def print_point(window: int, p: dict) -> None:
+    print(f"W={window} step {p['step']}: spearman learned {p['learned']['all'].get('spearman', np.nan):.3f} "
+          f"(bias {p['learned']['all'].get('bias', np.nan):+.3f}), seen {p['seen_prompts']}: "
+          f"history {p['history']['seen'].get('spearman', np.nan):.3f}, "
+          f"posterior {p['posterior']['seen'].get('spearman', np.nan):.3f}", flush=True)
+
+
+def replay_run(replay: Replay, step_files: list[Path], prompts: tuple[list[str], list[list[int]]],
+               measured: dict[int, dict], posterior, window: int) -> dict:
+    """Steps ``replay`` through the run, evaluated wherever pool success was measured (before that
+    step's update); returns the evaluations and the unbiased prefix Spearman."""
+    from trace_core.metrics import spearman
+    from trace_core.tree import load_trees
+
+    ids, tokens = prompts
+    points = []
+    for step in range(len(step_files) + 1):
+        if step in measured:
+            points.append(evaluate_at(replay, step, ids, tokens, measured[step], posterior))
+            print_point(window, points[-1])
+        if step < len(step_files):
+            replay.step(step, load_trees(step_files[step]))
+    pairs = np.array(replay.prefix_pairs)
+    return {"points": points, "prefix_spearman_random_anchor": float(
+        spearman(pairs[:, 0], pairs[:, 1])) if len(pairs) > 2 else None, "prefix_pairs": len(pairs)}
+
+
+def predictor_share(run: Path) -> float:
+    """The predictor's share (scoring and updates) of the run's step time."""
+    frac = json.loads((run / "summary.json").read_text()).get("cost_fractions", {})
+    return frac.get("predictor_scoring", 0.0) + frac.get("predictor_update", 0.0)
+
+
+def judge_default(results: dict, share: float) -> dict[str, str]:
+    """The targets, judged on the default replay window where it ran (else the first one), and printed."""
+    from trace_core.predictor.config import PredictorConfig
+
+    default = f"W={PredictorConfig().replay_steps}"
     chosen = results[default] if default in results else next(iter(results.values()))
     targets = judge(chosen["points"][-1], chosen, share)
     for name, verdict in targets.items():
         print(f"  {name}: {verdict}")
+    return targets
+
+
+def write_results(args: argparse.Namespace, posterior, updates: int, share: float, results: dict,
+                  targets: dict) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "run": str(run),
+    args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "run": str(args.run),
                                     "posterior": posterior.__dict__, "warmup_updates": updates,
                                     "predictor_share_of_step": share, "results": results, "targets": targets},
                                    indent=1, default=float))
@@ -235,22 +256,52 @@ def main(args: argparse.Namespace) -> None:
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 
+def main(args: argparse.Namespace) -> None:
+    import torch
+
+    from trace_core.history import PosteriorConfig
+    from trace_core.tree import load_trees
+
+    torch.set_num_threads(1)
+    cfg = load_run_config(args)
+    prompts = pool_prompts(args.run, cfg)
+    warmup = load_trees(args.run / "warmup_trees.jsonl.gz")
+    step_files = sorted(args.run.glob("trees/step*.jsonl.gz"))
+    measured = measured_pool_success(args.run)
+    updates = args.warmup_updates or cfg.predictor_warmup.updates
+    posterior = PosteriorConfig()
+    results = {f"W={window}": replay_run(Replay(cfg.predictor, warmup, updates, window), step_files, prompts,
+                                         measured, posterior, window) for window in args.replay}
+    share = predictor_share(args.run)
+    table(results)
+    targets = judge_default(results, share)
+    write_results(args, posterior, updates, share, results, targets)
+
+
+FIGURE_COLUMNS = {  # column: (estimate, figure)
+    "learned ρ": ("learned", "spearman"), "history ρ": ("history", "spearman"),
+    "posterior ρ": ("posterior", "spearman"), "learned LL": ("learned", "logloss"),
+    "history LL": ("history", "logloss"), "posterior LL": ("posterior", "logloss"), "learned bias": ("learned", "bias"),
+}
+TABLE_COLUMNS = ["replay", "step", "subset", "prompts", *FIGURE_COLUMNS, "coverage80"]
+TABLE_FORMATS = {"prompts": fixed(0), **{column: fixed(3) for column in FIGURE_COLUMNS}, "coverage80": fixed(2)}
+
+
+def point_row(window: str, p: dict, subset: str) -> dict:
+    """One measured step's figures on the ``subset`` ("seen" or "unseen") of the pool prompts."""
+    figures = {column: p[name][subset].get(key) for column, (name, key) in FIGURE_COLUMNS.items()}
+    return {"replay": window, "step": p["step"], "subset": subset, "prompts": p["learned"][subset].get("prompts", 0),
+            **figures, "coverage80": p["posterior_coverage_80"]}
+
+
 def table(results: dict) -> None:
-    print("\n| replay | step | subset | prompts | learned ρ | history ρ | posterior ρ | learned LL | history LL "
-          "| posterior LL | learned bias | coverage80 |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    """Every measured step's figures as a markdown table, and each window's unbiased prefix Spearman."""
+    rows = []
     for w, r in results.items():
-        for p in r["points"]:
-            for subset in ("seen", "unseen"):
-                def g(name, key, _subset=subset, _p=p):
-                    v = _p[name][_subset].get(key)
-                    return "–" if v is None or not np.isfinite(v) else f"{v:.3f}"
-                print(f"| {w} | {p['step']} | {subset} | {p['learned'][subset].get('prompts', 0):.0f} | "
-                      f"{g('learned', 'spearman')} | {g('history', 'spearman')} | {g('posterior', 'spearman')} | "
-                      f"{g('learned', 'logloss')} | {g('history', 'logloss')} | {g('posterior', 'logloss')} | "
-                      f"{g('learned', 'bias')} | {p['posterior_coverage_80']:.2f} |")
-        print(f"| {w} | all steps | prefix (random anchor) ρ | {r['prefix_pairs']} | "
-              f"{r['prefix_spearman_random_anchor']:.3f} | | | | | | | |")
+        rows += [point_row(w, p, subset) for p in r["points"] for subset in ("seen", "unseen")]
+        rows.append({"replay": w, "step": "all steps", "subset": "prefix (random anchor) ρ",
+                     "prompts": r["prefix_pairs"], "learned ρ": r["prefix_spearman_random_anchor"]})
+    print("\n" + format_markdown(rows, TABLE_COLUMNS, TABLE_FORMATS))
 
 
 def judge(point: dict, results: dict, share: float) -> dict[str, str]:
