@@ -3,7 +3,8 @@ markdown table (``format_markdown``).
 
 A value is written by ``fmt``: one formatter for every column, or a mapping from column to
 formatter (columns it leaves out use ``cell``). Formatters: ``cell`` (numbers to 3 places),
-``significant`` (3 significant figures) and ``fixed(digits)`` (a fixed number of places).
+``significant`` (3 significant figures) and ``fixed(digits)`` (a fixed number of places);
+``places`` makes the mapping from each column's number of places.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def fixed(digits: int) -> Formatter:
         return cell(value)
 
     return write
+
+
+def places(digits: Mapping[str, int]) -> dict[str, Formatter]:
+    """Per column, ``fixed`` to its number of decimal places (a ``fmt`` mapping)."""
+    return {column: fixed(d) for column, d in digits.items()}
 
 
 def _columns(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None) -> list[str]:

@@ -59,7 +59,6 @@ from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from bench_tables import Formatter, fixed, print_table  # noqa: E402
 
 DEFAULT_NOISE_STD = 2.0  # trace_core.sim.DEFAULT_NOISE_STD (checked in main; the library loads after --help)
 
@@ -239,9 +238,13 @@ def k_share_keys(res: dict) -> list[str]:
     return sorted(k for k in res["reported"] if k.startswith("k_share_pos"))
 
 
-def places(digits: dict[str, int]) -> dict[str, Formatter]:
-    """Per column, its figures to a fixed number of decimal places."""
-    return {column: fixed(d) for column, d in digits.items()}
+def print_figures(rows: list[dict], title: str, digits: dict[str, int] | int | None = None) -> None:
+    """``rows`` through the benchmarks' one table printer, figures to ``digits`` decimal places (one
+    count for every column, or per column; text as it is)."""
+    from bench_tables import cell, fixed, places, print_table
+
+    fmt = cell if digits is None else fixed(digits) if isinstance(digits, int) else places(digits)
+    print_table(rows, fmt=fmt, title=title)
 
 
 class ResultGrid:
@@ -305,8 +308,8 @@ def protocol(args: argparse.Namespace) -> dict:
 
 
 # ---------------------------------------------------------------------------------- the posterior sweep
-SWEEP_FORMATS = places({**{f"r/mix {p}": 2 for p in SWEEP_PREDICTORS}, **{f"eff {p}": 3 for p in SWEEP_PREDICTORS},
-                        "mean r/mix": 2})
+SWEEP_DIGITS = {**{f"r/mix {p}": 2 for p in SWEEP_PREDICTORS}, **{f"eff {p}": 3 for p in SWEEP_PREDICTORS},
+                "mean r/mix": 2}  # column: decimal places
 
 
 def sweep_row(config: str, rpm: dict[str, float], eff: dict[str, float]) -> dict:
@@ -330,10 +333,9 @@ def posterior_sweep(args: argparse.Namespace, tasks: list[Task], results: list[d
     table.append(sweep_row("trace (point roots)", ref, ref_eff))
     best = min(rows, key=lambda r: r["criterion"])
     M, N = args.sweep_shape
-    print_table(table, fmt=SWEEP_FORMATS,
-                title=f"Posterior sweep, persistent pool, (M, N) = ({M}, {N}), seed {args.seed}: rollouts per mixed "
-                      f"group (pooled over the last {args.report_steps} of {args.total_steps} steps) and effective "
-                      "ratio")
+    print_figures(table, f"Posterior sweep, persistent pool, (M, N) = ({M}, {N}), seed {args.seed}: rollouts per mixed "
+                         f"group (pooled over the last {args.report_steps} of {args.total_steps} steps) and effective "
+                         "ratio", SWEEP_DIGITS)
     print(f"\nargmin of the mean r/mix: s={best['prior_strength']:g} γ={best['discount']:g} "
           f"W={best['evidence_window']} ({best['criterion']:.2f}); wall {wall:.1f} s")
     payload = {"command": "python " + " ".join(sys.argv), "wall_s": wall, "protocol": protocol(args),
@@ -346,13 +348,14 @@ def posterior_sweep(args: argparse.Namespace, tasks: list[Task], results: list[d
 
 
 # ---------------------------------------------------------------------------------- the tables
-MAIN_FORMATS = places({"eff": 3, "±sd": 3, "prefix": 3, "yield": 1, "r/mix": 1, "×GRPO": 2, "prompts": 0, "skip": 2,
-                       "m": 2, "m+K": 2, "turns": 0, "ρroot": 2, "ρanch": 2, "pool": 3})
-BOTH_MODES_FORMATS = places({"eff iid": 3, "eff pers": 3, "r/mix iid": 1, "r/mix pers": 1, "yield iid": 1,
-                             "yield pers": 1, "pool": 3})
-SENS_FORMATS = places({"grpo": 3, "treepo": 3, "trace/or": 3, "trace/lrn": 3, "or×": 2, "lrn×": 2, "y grpo": 1,
-                       "y or": 1, "y lrn": 1})
-NOISE_FORMATS = places({"ρroot": 3, "ρanchor": 3, "eff": 3, "prefix": 3, "yield": 3, "×GRPO": 2})
+# per table, its columns' decimal places
+MAIN_DIGITS = {"eff": 3, "±sd": 3, "prefix": 3, "yield": 1, "r/mix": 1, "×GRPO": 2, "prompts": 0, "skip": 2,
+               "m": 2, "m+K": 2, "turns": 0, "ρroot": 2, "ρanch": 2, "pool": 3}
+BOTH_MODES_DIGITS = {"eff iid": 3, "eff pers": 3, "r/mix iid": 1, "r/mix pers": 1, "yield iid": 1,
+                     "yield pers": 1, "pool": 3}
+SENS_DIGITS = {"grpo": 3, "treepo": 3, "trace/or": 3, "trace/lrn": 3, "or×": 2, "lrn×": 2, "y grpo": 1,
+               "y or": 1, "y lrn": 1}
+NOISE_DIGITS = {"ρroot": 3, "ρanchor": 3, "eff": 3, "prefix": 3, "yield": 3, "×GRPO": 2}
 NOISE_COLUMNS = {"ρroot": "spearman_root_vs_true", "ρanchor": "spearman_anchor_vs_true", "eff": "effective_ratio",
                  "prefix": "prefix_effective_ratio", "yield": "contrastive_yield"}  # column: metric
 K_LABELS = ("treepo", "trace / oracle", "trace / learned", "trace-prefix-only / oracle")  # K by position rows
@@ -388,7 +391,7 @@ def print_main_table(args: argparse.Namespace, grid: ResultGrid, mode: str, M: i
              " group, pooled)")
     if mode == "persistent":
         title += "; pool: dataset success after the last step"
-    print_table(rows, fmt=MAIN_FORMATS, title=title)
+    print_figures(rows, title, MAIN_DIGITS)
     return shape_out
 
 
@@ -415,8 +418,8 @@ def print_both_modes(args: argparse.Namespace, grid: ResultGrid) -> None:
                 "yield iid": mean_of(a, "contrastive_yield"), "yield pers": mean_of(b, "contrastive_yield"),
                 "pool": last_pool_success(b),
             })
-    print_table(rows, fmt=BOTH_MODES_FORMATS, title="Both simulator modes: effective ratio, rollouts per mixed group, "
-                                                     "contrastive yield; pool success (persistent)")
+    print_figures(rows, "Both simulator modes: effective ratio, rollouts per mixed group, contrastive yield; pool "
+                        "success (persistent)", BOTH_MODES_DIGITS)
 
 
 def shape_targets(grid: ResultGrid, M: int, N: int) -> dict:
@@ -444,7 +447,7 @@ def print_targets(args: argparse.Namespace, grid: ResultGrid) -> dict:
     targets = {f"{M},{N}": shape_targets(grid, M, N) for M, N in args.shapes}
     rows = [{"shape": f"({shape})", "check": name, "result": "PASS" if ok else "MISS"}
             for shape, t in targets.items() for name, ok in t["checks"].items()]
-    print_table(rows, title="Targets (effective ratio, pinned defaults, i.i.d. mode)")
+    print_figures(rows, "Targets (effective ratio, pinned defaults, i.i.d. mode)")
     return targets
 
 
@@ -453,8 +456,7 @@ def print_k_by_position(args: argparse.Namespace, grid: ResultGrid) -> None:
     keys = k_share_keys(grid.main_run("trace / oracle", M, N))
     rows = [{"method / predictor": label, **{k.replace("k_share_pos_", ""): mean_of(grid.main_run(label, M, N), k)
                                              for k in keys}} for label in K_LABELS]
-    print_table(rows, fmt=fixed(2),
-                title=f"Share of the prefix budget by relative turn position t/T, (M, N) = ({M}, {N})")
+    print_figures(rows, f"Share of the prefix budget by relative turn position t/T, (M, N) = ({M}, {N})", 2)
 
 
 def print_sensitivity(args: argparse.Namespace, grid: ResultGrid) -> list[dict]:
@@ -472,9 +474,8 @@ def print_sensitivity(args: argparse.Namespace, grid: ResultGrid) -> list[dict]:
             "y lrn": y["trace / learned"],
         })
         out.append({"beta": beta, "pool_factor": pf, "effective_ratio": e, "contrastive_yield": y})
-    print_table(rows, fmt=SENS_FORMATS,
-                title=f"Sensitivity at (M, N) = ({M}, {N}): Beta(a, a) difficulty × pool factor (effective ratio; "
-                      "yield)")
+    print_figures(rows, f"Sensitivity at (M, N) = ({M}, {N}): Beta(a, a) difficulty × pool factor (effective ratio; "
+                        "yield)", SENS_DIGITS)
     return out
 
 
@@ -500,8 +501,8 @@ def print_noise_sweep(args: argparse.Namespace, grid: ResultGrid) -> list[dict]:
         out.append({"noise_std": sigma, **figures})
     for label in ("trace / oracle", "trace / learned"):
         rows.append(noise_row(label, noise_figures(grid.main_run(label, M, N)), grpo))
-    print_table(rows, fmt=NOISE_FORMATS,
-                title=f"TRACE vs predictor quality at (M, N) = ({M}, {N}) (ρ: Spearman with the hidden V)")
+    print_figures(rows, f"TRACE vs predictor quality at (M, N) = ({M}, {N}) (ρ: Spearman with the hidden V)",
+                  NOISE_DIGITS)
     return out
 
 

@@ -67,7 +67,6 @@ def parse_args() -> argparse.Namespace:
 ARGS = parse_args() if __name__ == "__main__" else None
 
 import numpy as np  # noqa: E402
-from bench_tables import fixed, format_markdown  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
 CLIP = 1e-3
@@ -284,7 +283,7 @@ FIGURE_COLUMNS = {  # column: (estimate, figure)
     "history LL": ("history", "logloss"), "posterior LL": ("posterior", "logloss"), "learned bias": ("learned", "bias"),
 }
 TABLE_COLUMNS = ["replay", "step", "subset", "prompts", *FIGURE_COLUMNS, "coverage80"]
-TABLE_FORMATS = {"prompts": fixed(0), **{column: fixed(3) for column in FIGURE_COLUMNS}, "coverage80": fixed(2)}
+TABLE_DIGITS = {"prompts": 0, **{column: 3 for column in FIGURE_COLUMNS}, "coverage80": 2}  # decimal places
 
 
 def point_row(window: str, p: dict, subset: str) -> dict:
@@ -301,7 +300,9 @@ def table(results: dict) -> None:
         rows += [point_row(w, p, subset) for p in r["points"] for subset in ("seen", "unseen")]
         rows.append({"replay": w, "step": "all steps", "subset": "prefix (random anchor) ρ",
                      "prompts": r["prefix_pairs"], "learned ρ": r["prefix_spearman_random_anchor"]})
-    print("\n" + format_markdown(rows, TABLE_COLUMNS, TABLE_FORMATS))
+    from bench_tables import format_markdown, places
+
+    print("\n" + format_markdown(rows, TABLE_COLUMNS, places(TABLE_DIGITS)))
 
 
 def judge(point: dict, results: dict, share: float) -> dict[str, str]:

@@ -48,6 +48,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PATHS = ("tree", "dense", "varlen")
 LABELS = {"tree": "(a) tree attention", "dense": "(b) dense mask", "varlen": "(c) per-leaf varlen"}
+TAGS = {p: label.split()[0] for p, label in LABELS.items()}  # (a), (b), (c): the table's column prefixes
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,10 @@ class TinyModel:
 def parse_size(text: str) -> int:
     text = text.strip().lower()
     return int(float(text[:-1]) * 1024) if text.endswith("k") else int(text)
+
+
+def size_label(size: int) -> str:
+    return f"{size // 1024}k" if size % 1024 == 0 else str(size)
 
 
 # ============================================================================ the workload
@@ -298,18 +303,23 @@ def targets(rows: list[dict]) -> dict:
     return out
 
 
-def print_table(rows: list[dict]) -> None:
-    print(f"\n{'size':>6} {'tokens':>7} {'share':>5}  " + "  ".join(f"{LABELS[p]:>28}" for p in PATHS))
-    print(f"{'':>6} {'':>7} {'':>5}  " + "  ".join(f"{'peak MiB':>12} {'distinct tok/s':>15}" for _ in PATHS))
-    for r in rows:
-        cells = []
-        for p in PATHS:
-            m = r["paths"].get(p, {})
-            if "peak_mib" in m:
-                cells.append(f"{m['peak_mib']:>12.1f} {m['distinct_tokens_per_s']:>15.0f}")
-            else:
-                cells.append(f"{('skipped' if 'skipped' in m else 'error' if 'error' in m else '-'):>28}")
-        print(f"{r['label']:>6} {r['distinct_tokens']:>7} {r['sharing_ratio']:>5.2f}  " + "  ".join(cells))
+def table_row(row: dict) -> dict:
+    """One size's line: per path its peak and throughput, or why it has none (skipped, error)."""
+    out = {"size": row["label"], "tokens": row["distinct_tokens"], "share": row["sharing_ratio"]}
+    for p in PATHS:
+        m = row["paths"].get(p, {})
+        out[f"{TAGS[p]} peak MiB"] = m["peak_mib"] if "peak_mib" in m else (
+            "skipped" if "skipped" in m else "error" if "error" in m else None)
+        out[f"{TAGS[p]} distinct tok/s"] = m.get("distinct_tokens_per_s")
+    return out
+
+
+def print_size_table(rows: list[dict]) -> None:
+    from bench_tables import places, print_table  # imported here: this file also runs where bench/ is not on the path
+
+    digits = {"share": 2, **{f"{TAGS[p]} peak MiB": 1 for p in PATHS},
+              **{f"{TAGS[p]} distinct tok/s": 0 for p in PATHS}}
+    print_table([table_row(r) for r in rows], fmt=places(digits), title=", ".join(LABELS[p] for p in PATHS))
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -341,7 +351,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(epilog="Example:\n  python bench/tree_training.py --sizes 4k,16k --paths tree,dense",
                                  description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -351,55 +361,58 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per (size, path) subprocess")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "tree_training.json"))
     ap.add_argument("--plot", default=None, help="figure path (default: --out with .png)")
+    # a (size, path) measurement runs this script again in a fresh process with these
     ap.add_argument("--worker", choices=PATHS, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     ap.add_argument("--shape", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    shape = TreeShape(**json.loads(args.shape)) if args.shape else TreeShape()
-    spec = TinyModel(**json.loads(args.model)) if args.model else TinyModel()
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    if args.worker:
-        worker(sizes[0], args.worker, shape, spec, Path(args.worker_out))
-        return 0
+    return ap
 
-    paths = [p for p in args.paths.split(",") if p]
-    budget_mib = args.budget_gib * 1024
+
+def measure_path(size: int, p: str, stats: dict, done: dict[int, dict], shape: TreeShape, spec: TinyModel,
+                 args: argparse.Namespace) -> dict:
+    """One (size, path): measured, or skipped where its projected peak is over the budget."""
+    label = size_label(size)
+    est = projected_peak(p, size, done)
+    if p == "dense" and est is None:  # nothing measured yet: the mask's own bytes
+        est = 7 * stats["distinct_tokens"] ** 2 / 2**20
+    if est is not None and est > args.budget_gib * 1024:
+        skipped = f"projected peak {est / 1024:.1f} GiB > budget {args.budget_gib:g} GiB"
+        print(f"{label:>6} {p:>7}: skipped ({skipped})", flush=True)
+        return {"skipped": skipped, "projected_peak_mib": est}
+    m = measure(size, p, shape, spec, args.timeout)
+    if "peak_mib" in m:
+        print(f"{label:>6} {p:>7}: peak {m['peak_mib']:8.1f} MiB  {m['cpu_s']:7.2f} CPU s  "
+              f"{m['distinct_tokens_per_s']:8.0f} distinct tok/s  (sharing {stats['sharing_ratio']:.2f})", flush=True)
+    else:
+        print(f"{label:>6} {p:>7}: {m['error']}", flush=True)
+    return m
+
+
+def measure_sizes(sizes: list[int], paths: list[str], shape: TreeShape, spec: TinyModel,
+                  args: argparse.Namespace) -> list[dict]:
+    """Per size, the tree's statistics and every path's figures (smaller sizes first: their peaks
+    project the larger ones')."""
     rows: list[dict] = []
     done: dict[int, dict] = {}
     for size in sizes:
-        tree = build_tree(shape, size, spec.vocab_size)[0]
-        stats = tree_stats(tree)
-        row = {"size": size, "label": f"{size // 1024}k" if size % 1024 == 0 else str(size), **stats, "paths": {}}
+        stats = tree_stats(build_tree(shape, size, spec.vocab_size)[0])
+        row = {"size": size, "label": size_label(size), **stats, "paths": {}}
         done[size] = row["paths"]
         for p in paths:
-            est = projected_peak(p, size, done)
-            if p == "dense" and est is None:  # nothing measured yet: the mask's own bytes
-                est = 7 * stats["distinct_tokens"] ** 2 / 2**20
-            if est is not None and est > budget_mib:
-                row["paths"][p] = {"skipped": f"projected peak {est / 1024:.1f} GiB > budget {args.budget_gib:g} GiB",
-                                   "projected_peak_mib": est}
-                print(f"{row['label']:>6} {p:>7}: skipped ({row['paths'][p]['skipped']})", flush=True)
-                continue
-            m = measure(size, p, shape, spec, args.timeout)
-            row["paths"][p] = m
-            if "peak_mib" in m:
-                print(f"{row['label']:>6} {p:>7}: peak {m['peak_mib']:8.1f} MiB  {m['cpu_s']:7.2f} CPU s  "
-                      f"{m['distinct_tokens_per_s']:8.0f} distinct tok/s  (sharing {stats['sharing_ratio']:.2f})",
-                      flush=True)
-            else:
-                print(f"{row['label']:>6} {p:>7}: {m['error']}", flush=True)
+            row["paths"][p] = measure_path(size, p, stats, done, shape, spec, args)
         rows.append(row)
-    print_table(rows)
-    verdicts = targets(rows)
-    for name, v in verdicts.items():
-        print(f"target {name}: {v['value']} ({'met' if v['met'] else 'missed: ' + str(v['reason'])})")
+    return rows
+
+
+def write_report(args: argparse.Namespace, argv: list[str] | None, shape: TreeShape, spec: TinyModel,
+                 rows: list[dict], verdicts: dict) -> None:
+    import platform
+
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig = Path(args.plot) if args.plot else out.with_suffix(".png")
     plot(rows, fig)
-    import platform
-
     report = {
         "command": " ".join(["python", "bench/tree_training.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
@@ -411,6 +424,23 @@ def main(argv: list[str] | None = None) -> int:
     }
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out} and {fig}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    shape = TreeShape(**json.loads(args.shape)) if args.shape else TreeShape()
+    spec = TinyModel(**json.loads(args.model)) if args.model else TinyModel()
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if args.worker:
+        worker(sizes[0], args.worker, shape, spec, Path(args.worker_out))
+        return 0
+
+    rows = measure_sizes(sizes, [p for p in args.paths.split(",") if p], shape, spec, args)
+    print_size_table(rows)
+    verdicts = targets(rows)
+    for name, v in verdicts.items():
+        print(f"target {name}: {v['value']} ({'met' if v['met'] else 'missed: ' + str(v['reason'])})")
+    write_report(args, argv, shape, spec, rows, verdicts)
     return 0
 
 
