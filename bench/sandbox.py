@@ -58,54 +58,62 @@ def timed(fn, repeats: int) -> list[tuple[float, float]]:
     return out
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Example:\n  python bench/sandbox.py --repeats 30")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sandbox.json"))
-    args = parser.parse_args()
-    n = args.repeats
-    load = os.getloadavg()
-    box = PythonSandbox(SandboxConfig())
-    rows: dict[str, dict] = {}
+    return parser
 
-    def must_complete(code: str, **kw) -> None:
-        result = box.run(code, **kw)
+
+def time_calls(box: PythonSandbox, n: int) -> dict[str, dict]:
+    """The namespaces, the interpreter, and whole sandboxed calls of an empty and a numpy cell."""
+    def must_complete(code: str) -> None:
+        result = box.run(code)
         assert result.completed, result.observation
 
-    rows["namespaces (unshare ... true)"] = stats(
-        timed(lambda: subprocess.run(["unshare", *_UNSHARE_FLAGS, "true"], check=True), n)
-    )
-    rows["interpreter start (python -c pass)"] = stats(
-        timed(lambda: subprocess.run([sys.executable, "-s", "-P", "-B", "-c", "pass"], check=True), n)
-    )
-    rows["call: pass"] = stats(timed(lambda: must_complete("pass"), n))
-    rows["call: import numpy"] = stats(timed(lambda: must_complete("import numpy"), max(3, n // 3)))
-    for k in (1, 5, 10):
-        samples = []
-        for _ in range(max(3, n // 3)):
-            session = PythonToolSession(box)
-            for i in range(k - 1):
-                session.restore(session.snapshot())
-                session.execute(f"x{i} = {i}")
-            c0, t0 = _cpu(), time.perf_counter()
-            result = session.execute("y = 1")
-            samples.append((time.perf_counter() - t0, _cpu() - c0))
-            assert result.completed, result.observation
-        rows[f"session turn {k} (replays {k - 1})"] = stats(samples)
+    return {
+        "namespaces (unshare ... true)": stats(
+            timed(lambda: subprocess.run(["unshare", *_UNSHARE_FLAGS, "true"], check=True), n)),
+        "interpreter start (python -c pass)": stats(
+            timed(lambda: subprocess.run([sys.executable, "-s", "-P", "-B", "-c", "pass"], check=True), n)),
+        "call: pass": stats(timed(lambda: must_complete("pass"), n)),
+        "call: import numpy": stats(timed(lambda: must_complete("import numpy"), max(3, n // 3))),
+    }
+
+
+def time_session_turn(box: PythonSandbox, k: int, repeats: int) -> dict:
+    """A session's k-th turn, timed alone: its k - 1 earlier cells are set up untimed."""
+    samples = []
+    for _ in range(repeats):
+        session = PythonToolSession(box)
+        for i in range(k - 1):
+            session.restore(session.snapshot())
+            session.execute(f"x{i} = {i}")
+        c0, t0 = _cpu(), time.perf_counter()
+        result = session.execute("y = 1")
+        samples.append((time.perf_counter() - t0, _cpu() - c0))
+        assert result.completed, result.observation
+    return stats(samples)
+
+
+def time_stop_latency(n: int) -> dict:
+    """How long past its 1 s wall clock a sleeping cell takes to be stopped."""
     stopper = PythonSandbox(SandboxConfig(wall_seconds=1.0))
-    rows["stop latency past a 1 s wall clock"] = stats(
-        [(t - 1.0, c) for t, c in timed(lambda: stopper.run("import time\ntime.sleep(60)"), max(3, n // 6))]
-    )
+    return stats([(t - 1.0, c) for t, c in timed(lambda: stopper.run("import time\ntime.sleep(60)"), max(3, n // 6))])
+
+
+def print_rows(rows: dict[str, dict], load: tuple[float, float, float]) -> None:
+    from bench_tables import places, print_table
 
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
-    print(f"{'what':<40}{'n':>4}{'median s':>11}{'p90 s':>9}{'max s':>9}{'CPU s':>9}")
-    for name, row in rows.items():
-        print(
-            f"{name:<40}{row['n']:>4}{row['median_s']:>11.3f}{row['p90_s']:>9.3f}{row['max_s']:>9.3f}"
-            f"{row['median_cpu_s']:>9.3f}"
-        )
+    table = [{"what": name, "n": row["n"], "median s": row["median_s"], "p90 s": row["p90_s"],
+              "max s": row["max_s"], "CPU s": row["median_cpu_s"]} for name, row in rows.items()]
+    print_table(table, fmt=places({"median s": 3, "p90 s": 3, "max s": 3, "CPU s": 3}))
+
+
+def write_report(rows: dict[str, dict], load: tuple[float, float, float], out: Path) -> None:
     report = {
         "rows": rows,
         "load_average": load,
@@ -114,9 +122,22 @@ def main() -> None:
         "kernel": platform.release(),
         "command": "python bench/sandbox.py " + " ".join(sys.argv[1:]),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    n = args.repeats
+    load = os.getloadavg()
+    box = PythonSandbox(SandboxConfig())
+    rows = time_calls(box, n)
+    for k in (1, 5, 10):
+        rows[f"session turn {k} (replays {k - 1})"] = time_session_turn(box, k, max(3, n // 3))
+    rows["stop latency past a 1 s wall clock"] = time_stop_latency(n)
+    print_rows(rows, load)
+    write_report(rows, load, Path(args.out))
 
 
 if __name__ == "__main__":
