@@ -216,7 +216,7 @@ def plot(roots: list[dict], roots_beta: list[dict], prefixes: list[dict], path: 
 SECTIONS = ("brute_force", "roots", "roots_beta", "prefixes")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Example:\n  python bench/allocation.py --only roots_beta")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
@@ -224,65 +224,81 @@ def main() -> None:
                     help="run only these sections and keep the others from the existing --out file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/allocation.json"))
-    args = ap.parse_args()
-    run = set(args.only or SECTIONS)
-    previous = json.loads(args.out.read_text()) if args.only and args.out.is_file() else {}
+    return ap
+
+
+def command_line(args: argparse.Namespace) -> str:
+    return "python bench/allocation.py" + (" --quick" if args.quick else "") + (
+        " --only " + " ".join(args.only) if args.only else "")
+
+
+def kept_commands(previous: dict, run: set[str]) -> dict[str, str]:
+    """The command that made each section kept from the previous file."""
     commands = dict(previous.get("commands", {}))
     for section in SECTIONS:  # a file from before per-section commands: its one command made every section
         if section not in run and section in previous and section not in commands and "command" in previous:
             commands[section] = previous["command"]
-    command = "python bench/allocation.py" + (" --quick" if args.quick else "") + (
-        " --only " + " ".join(args.only) if args.only else "")
+    return commands
 
-    def rng_for(section: str) -> np.random.Generator:  # one stream per section: --only reproduces it
-        return np.random.default_rng([args.seed, SECTIONS.index(section)])
 
-    root_sizes = [64, 256, 1024] if args.quick else [64, 256, 1024, 4096, 100_000]
-    results: dict[str, list[dict]] = {}
-    for section in SECTIONS:
-        if section not in run:
-            results[section] = previous.get(section, [])
-            continue
-        commands[section] = command
-        rng = rng_for(section)
-        if section == "brute_force":
-            results[section] = bench_brute_force(rng, 100 if args.quick else 500)
-        elif section == "roots":
-            results[section] = bench_roots(rng, root_sizes, 16, dp_max=1024 if args.quick else 4096)
-        elif section == "roots_beta":
-            results[section] = bench_brute_force_beta(rng, 100 if args.quick else 300) + bench_roots_beta(
-                rng, [64, 256, 1024, 100_000], 16, dp_max=1024)
-        else:
-            pref_sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000, 1_000_000]
-            results[section] = bench_prefixes(rng, pref_sizes, greedy_max=100_000)
-    brute, roots, prefixes = results["brute_force"], results["roots"], results["prefixes"]
-    beta_brute = [r for r in results["roots_beta"] if "solver" in r]
-    roots_beta = [r for r in results["roots_beta"] if "solver" not in r]
+def run_section(section: str, args: argparse.Namespace) -> list[dict]:
+    rng = np.random.default_rng([args.seed, SECTIONS.index(section)])  # one stream per section: --only reproduces it
+    if section == "brute_force":
+        return bench_brute_force(rng, 100 if args.quick else 500)
+    if section == "roots":
+        root_sizes = [64, 256, 1024] if args.quick else [64, 256, 1024, 4096, 100_000]
+        return bench_roots(rng, root_sizes, 16, dp_max=1024 if args.quick else 4096)
+    if section == "roots_beta":
+        return bench_brute_force_beta(rng, 100 if args.quick else 300) + bench_roots_beta(
+            rng, [64, 256, 1024, 100_000], 16, dp_max=1024)
+    pref_sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000, 1_000_000]
+    return bench_prefixes(rng, pref_sizes, greedy_max=100_000)
 
-    print_table("Exactness on random small instances (objective gap to brute force)", brute + beta_brute)
-    print_table("Root allocation (method §2), Beta(0.15, 0.15) values, budget 2B", roots)
+
+def split_roots_beta(results: dict[str, list[dict]]) -> tuple[list[dict], list[dict]]:
+    """The roots_beta section's exactness rows (against brute force) and its timing rows."""
+    rows = results["roots_beta"]
+    return [r for r in rows if "solver" in r], [r for r in rows if "solver" not in r]
+
+
+def print_results(results: dict[str, list[dict]]) -> None:
+    beta_brute, roots_beta = split_roots_beta(results)
+    print_table("Exactness on random small instances (objective gap to brute force)",
+                results["brute_force"] + beta_brute)
+    print_table("Root allocation (method §2), Beta(0.15, 0.15) values, budget 2B", results["roots"])
     print_table("Posterior-aware root allocation (allocate_roots_beta; thompson_s: allocate_roots_thompson), "
                 "Beta posteriors, budget 2B", roots_beta)
-    print_table("Prefix allocation (method §3), uniform p, budget 2A", prefixes)
+    print_table("Prefix allocation (method §3), uniform p, budget 2A", results["prefixes"])
 
+
+def judge(results: dict[str, list[dict]]) -> tuple[float, dict[str, bool | None]]:
+    """The largest objective gap anywhere, and each target (None where its size did not run)."""
+    brute, roots, prefixes = results["brute_force"], results["roots"], results["prefixes"]
+    beta_brute, roots_beta = split_roots_beta(results)
     at4096 = next((r for r in roots if r["B"] == 4096), None)
     at100k = next((r for r in roots if r["B"] == 100_000), None)
     beta100k = next((r for r in roots_beta if r["B"] == 100_000), None)
     at1m = next((r for r in prefixes if r["anchors"] == 1_000_000), None)
     max_gap = max([r["max_abs_gap"] for r in brute + beta_brute]
                   + [r.get("gap", 0.0) for r in roots + roots_beta + prefixes])
-    targets = {
+    return max_gap, {
         "exact_everywhere (max objective gap <= 1e-9)": max_gap <= 1e-9,
         "roots speedup vs DP at B=4096 >= 100x": None if at4096 is None else at4096["speedup"] >= 100,
         "roots B=100k budget 200k <= 1 s": None if at100k is None else at100k["fast_s"] <= 1.0,
         "roots_beta B=100k budget 200k <= 0.2 s": None if beta100k is None else beta100k["fast_s"] <= 0.2,
         "prefixes 1M anchors <= 1 s": None if at1m is None else at1m["fast_s"] <= 1.0,
     }
+
+
+def print_targets(targets: dict[str, bool | None]) -> None:
     print("\nTargets")
     for name, ok in targets.items():
         print(f"  {'PASS' if ok else ('n/a ' if ok is None else 'MISS')}  {name}")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+def write_results(out: Path, command: str, commands: dict[str, str], results: dict[str, list[dict]],
+                  max_gap: float, targets: dict[str, bool | None]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "command": command,
         "commands": commands,  # the command that produced each section
@@ -290,10 +306,30 @@ def main() -> None:
         **results,
         "max_objective_gap": max_gap, "targets": targets,
     }
-    args.out.write_text(json.dumps(result, indent=2))
-    if roots and prefixes:
-        plot(roots, roots_beta, prefixes, args.out.with_suffix(".png"))
-    print(f"\nwrote {args.out}" + (f" and {args.out.with_suffix('.png')}" if roots and prefixes else ""))
+    out.write_text(json.dumps(result, indent=2))
+    drawn = bool(results["roots"] and results["prefixes"])  # the figure needs both
+    if drawn:
+        plot(results["roots"], split_roots_beta(results)[1], results["prefixes"], out.with_suffix(".png"))
+    print(f"\nwrote {out}" + (f" and {out.with_suffix('.png')}" if drawn else ""))
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    run = set(args.only or SECTIONS)
+    previous = json.loads(args.out.read_text()) if args.only and args.out.is_file() else {}
+    commands = kept_commands(previous, run)
+    command = command_line(args)
+    results: dict[str, list[dict]] = {}
+    for section in SECTIONS:
+        if section in run:
+            results[section] = run_section(section, args)
+            commands[section] = command
+        else:
+            results[section] = previous.get(section, [])
+    print_results(results)
+    max_gap, targets = judge(results)
+    print_targets(targets)
+    write_results(args.out, command, commands, results, max_gap, targets)
 
 
 if __name__ == "__main__":
