@@ -278,11 +278,10 @@ def plain_scores(predictor: SuccessPredictor, sequences: Sequence[list[int]], re
     return out
 
 
-def bench_scoring(predictor: SuccessPredictor, trees: list[RolloutTree], repeat: int) -> dict:
-    counter = TokenCounter(predictor.model.backbone)
+def scoring_variants(predictor: SuccessPredictor, trees: list[RolloutTree], dense: SuccessPredictor) -> dict:
+    """Per variant, the call that scores every node of ``trees`` that way (``dense``: the same
+    weights behind a dense mask)."""
     cfg = predictor.config
-    distinct = sum(len(n.token_ids) for t in trees for n in t.nodes)
-    depth = [max(n.depth for n in t.nodes) for t in trees]
 
     def packed(tts, p=predictor):
         return score_token_trees(
@@ -296,18 +295,12 @@ def bench_scoring(predictor: SuccessPredictor, trees: list[RolloutTree], repeat:
             predictor.max_length,
         )
 
-    dense = SuccessPredictor(PredictorConfig(**{**asdict(cfg), "attn_implementation": "sdpa"}))
-    dense.model.load_state_dict(predictor.model.state_dict())
-    dense_counter = TokenCounter(dense.model.backbone)
-
     prefixes = [history_tokens(t.history_tokens(n.id)) for t in trees for n in t.nodes]
     paths = [path_tokens(t, leaf) for t in trees for leaf in t.leaves()]
     path_seqs = [np.concatenate(p.tokens).tolist() for p in paths]
     path_reads = [(np.cumsum([x.size for x in p.tokens]) - 1).tolist() for p in paths]
     tree_tts = [tree_tokens(t) for t in trees]
-
-    results = {}
-    variants = {
+    return {
         "tree_packed": lambda: packed(tree_tts),
         "tree_packed_dense_mask": lambda: packed(tree_tts, dense),
         "per_prefix_batched": lambda: packed(prefixes),
@@ -317,8 +310,15 @@ def bench_scoring(predictor: SuccessPredictor, trees: list[RolloutTree], repeat:
         ),
         "per_path_one_forward_each": lambda: plain_scores(predictor, path_seqs, path_reads),
     }
-    outs = {}
-    for name, fn in variants.items():
+
+
+def bench_scoring(predictor: SuccessPredictor, trees: list[RolloutTree], repeat: int) -> dict:
+    counter = TokenCounter(predictor.model.backbone)
+    dense = SuccessPredictor(PredictorConfig(**{**asdict(predictor.config), "attn_implementation": "sdpa"}))
+    dense.model.load_state_dict(predictor.model.state_dict())
+    dense_counter = TokenCounter(dense.model.backbone)
+    results, outs = {}, {}
+    for name, fn in scoring_variants(predictor, trees, dense).items():
         counter.take(), dense_counter.take()
         outs[name], cpu = cpu_timed(fn, repeat)
         results[name] = {"tokens": (counter.take() + dense_counter.take()) // repeat, "cpu_s": cpu}
@@ -330,13 +330,14 @@ def bench_scoring(predictor: SuccessPredictor, trees: list[RolloutTree], repeat:
     for r in results.values():
         r["tokens_vs_packed"] = r["tokens"] / base["tokens"]
         r["time_vs_packed"] = r["cpu_s"] / base["cpu_s"]
+    depth = [max(n.depth for n in t.nodes) for t in trees]
     return {
         "trees": len(trees),
         "nodes": sum(len(t.nodes) for t in trees),
         "leaves": sum(len(t.leaves()) for t in trees),
         "depth_min": int(min(depth)),
         "depth_max": int(max(depth)),
-        "distinct_tokens": distinct,
+        "distinct_tokens": sum(len(n.token_ids) for t in trees for n in t.nodes),
         "max_abs_diff_packed_vs_per_prefix": float(np.max(np.abs(packed_flat - prefix_flat))),
         "max_abs_diff_dense_vs_per_prefix": float(np.max(np.abs(dense_flat - prefix_flat))),
         "variants": results,
@@ -375,6 +376,43 @@ def policy_step(policy, optimizer, trees: list[RolloutTree], micro_batch: int) -
     optimizer.step()
 
 
+def step_trees(spec: BudgetSpec, seed: int, tokens: SimTokens) -> tuple[list[RolloutTree], list[list[int]]]:
+    """One TRACE step's tokenised trees, and the prompts of its whole candidate pool."""
+    trees = make_timing_trees(spec, seed, tokens)
+    # stage 1 scores the whole candidate pool: the trees' prompts plus the prompts TRACE skipped
+    extra = np.random.default_rng(seed + 1).normal(0, 3, max(0, spec.pool_size - len(trees)))
+    return trees, [t.root.token_ids for t in trees] + [tokens.prompt(float(f)) for f in extra]
+
+
+def predictor_timings(predictor: SuccessPredictor, trees: list[RolloutTree], pool_prompts: list[list[int]],
+                      repeat: int) -> tuple[dict[str, float], dict, int]:
+    """CPU seconds of the predictor's work in one step (scoring, and its update three ways), the
+    update's statistics and the tokens it runs through the backbone."""
+    counter = TokenCounter(predictor.model.backbone)
+    pool_v, t_pool = cpu_timed(lambda: predictor.score_histories(pool_prompts), repeat)
+    anchor_p, t_anchor = cpu_timed(lambda: predictor.score_trees(trees, [t.anchors() for t in trees]), repeat)
+    allocation_time = [
+        np.where(np.arange(len(t.nodes)) == ROOT, pool_v[i], p)
+        for i, (t, p) in enumerate(zip(trees, anchor_p, strict=True))
+    ]
+    state = predictor.state_dict()
+    counter.take()
+    stats, t_update = cpu_timed(lambda: predictor.update(trees, predictions=allocation_time), repeat)
+    update_tokens = counter.take() // repeat
+    predictor.load_state_dict(state)
+    _, t_update_fresh = cpu_timed(lambda: predictor.update(trees), repeat)
+    lean = SuccessPredictor(PredictorConfig(**{**asdict(predictor.config), "diagnostics": False}))
+    _, t_update_nodiag = cpu_timed(lambda: lean.update(trees), repeat)
+    times = {
+        "score_pool": t_pool,
+        "score_anchors_packed": t_anchor,
+        "update_reusing_allocation_predictions": t_update,
+        "update_rescoring_for_diagnostics": t_update_fresh,
+        "update_without_diagnostics": t_update_nodiag,
+    }
+    return times, stats, update_tokens
+
+
 def bench_step_share(
     spec: BudgetSpec,
     seed: int,
@@ -396,36 +434,13 @@ def bench_step_share(
     predictor = SuccessPredictor(pred_cfg)
     p_total, p_nonemb = param_counts(predictor.model)
     q_total, q_nonemb = param_counts(policy)
+    trees, pool_prompts = step_trees(spec, seed, tokens)
+    cpu_s, stats, update_tokens = predictor_timings(predictor, trees, pool_prompts, repeat)
+    _, cpu_s["policy_step"] = cpu_timed(lambda: policy_step(policy, popt, trees, micro_batch), max(1, repeat - 1))
 
-    rng = np.random.default_rng(seed)
-    res = run_step(
-        "trace", spec, make_predictor("oracle"), rng, SimConfig(horizon_min=4), compute_metrics=False
-    )
-    trees = [tokens.tokenize_tree(t) for t in res.trees]
-    # stage 1 scores the whole candidate pool: the trees' prompts plus the prompts TRACE skipped
-    extra = np.random.default_rng(seed + 1).normal(0, 3, max(0, spec.pool_size - len(trees)))
-    pool_prompts = [t.root.token_ids for t in trees] + [tokens.prompt(float(f)) for f in extra]
-    anchors = [t.anchors() for t in trees]
-    counter = TokenCounter(predictor.model.backbone)
+    def share_with(update: str) -> float:  # the predictor's share of the step with that kind of update
+        return (cpu_s["score_pool"] + cpu_s["score_anchors_packed"] + cpu_s[update]) / cpu_s["policy_step"]
 
-    pool_v, t_pool = cpu_timed(lambda: predictor.score_histories(pool_prompts), repeat)
-    anchor_p, t_anchor = cpu_timed(lambda: predictor.score_trees(trees, anchors), repeat)
-    allocation_time = [
-        np.where(np.arange(len(t.nodes)) == ROOT, pool_v[i], p)
-        for i, (t, p) in enumerate(zip(trees, anchor_p, strict=True))
-    ]
-    state = predictor.state_dict()
-    counter.take()
-    stats, t_update = cpu_timed(lambda: predictor.update(trees, predictions=allocation_time), repeat)
-    update_tokens = counter.take() // repeat
-    predictor.load_state_dict(state)
-    _, t_update_fresh = cpu_timed(lambda: predictor.update(trees), repeat)
-    cfg_nodiag = PredictorConfig(**{**asdict(pred_cfg), "diagnostics": False})
-    lean = SuccessPredictor(cfg_nodiag)
-    _, t_update_nodiag = cpu_timed(lambda: lean.update(trees), repeat)
-    _, t_policy = cpu_timed(lambda: policy_step(policy, popt, trees, micro_batch), max(1, repeat - 1))
-    traj_tokens = sum(len(t.history_tokens(leaf)) for t in trees for leaf in t.leaves())
-    predictor_s = t_pool + t_anchor + t_update
     return {
         "predictor_params_total": p_total,
         "predictor_params_non_embedding": p_nonemb,
@@ -435,21 +450,14 @@ def bench_step_share(
         "size_ratio_non_embedding": p_nonemb / q_nonemb,
         "trees": len(trees),
         "trajectories": sum(len(t.leaves()) for t in trees),
-        "policy_tokens": traj_tokens,
+        "policy_tokens": sum(len(t.history_tokens(leaf)) for t in trees for leaf in t.leaves()),
         "distinct_tree_tokens": sum(len(n.token_ids) for t in trees for n in t.nodes),
         "pool_prompts": len(pool_prompts),
         "update_tokens": update_tokens,
-        "cpu_s": {
-            "score_pool": t_pool,
-            "score_anchors_packed": t_anchor,
-            "update_reusing_allocation_predictions": t_update,
-            "update_rescoring_for_diagnostics": t_update_fresh,
-            "update_without_diagnostics": t_update_nodiag,
-            "policy_step": t_policy,
-        },
-        "predictor_share_of_step": predictor_s / t_policy,
-        "predictor_share_of_step_rescoring_diagnostics": (t_pool + t_anchor + t_update_fresh) / t_policy,
-        "predictor_share_of_step_no_diagnostics": (t_pool + t_anchor + t_update_nodiag) / t_policy,
+        "cpu_s": cpu_s,
+        "predictor_share_of_step": share_with("update_reusing_allocation_predictions"),
+        "predictor_share_of_step_rescoring_diagnostics": share_with("update_rescoring_for_diagnostics"),
+        "predictor_share_of_step_no_diagnostics": share_with("update_without_diagnostics"),
         "update_stats": stats,
         "policy_shape": policy_shape,
     }
@@ -663,12 +671,33 @@ def plot(out_png: Path, online: dict, scoring: dict, share: dict, real: dict, wi
     fig.savefig(out_png, dpi=110)
 
 
-def main(args: argparse.Namespace) -> None:
-    steps = 10 if args.quick else args.steps
-    window = 10
+# ============================================================================ the run
+ONLINE_SPEC = BudgetSpec(roots_M=64, expansion_N=1)
+SCORING_TOKENS = SimTokens(prompt_filler=126, turn_filler=46)  # 128-token prompts, 48-token turns
+SHARE_TOKENS = SimTokens(prompt_filler=62, turn_filler=30)  # 64-token prompts, 32-token turns
+POLICY_SHAPE = dict(  # part 3's policy: about 13x its predictor's size, the paper's 0.6B/8B ratio
+    hidden_size=384,
+    num_hidden_layers=6,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=1152,
+)
+REAL_SUMMARY_KEYS = (
+    "oos_spearman_root",
+    "oos_spearman_prefix",
+    "oos_mse_root",
+    "oos_mse_prefix",
+    "ece_prefix",
+    "mean_reward",
+    "root_target_std",
+)
+WINDOW = 10  # steps of the figure's rolling means
 
-    online_spec = BudgetSpec(roots_M=64, expansion_N=1)
-    tiny = PredictorConfig(
+
+def tiny_predictor_config(seed: int) -> PredictorConfig:
+    """The tiny Qwen3 predictor every part starts from."""
+    return PredictorConfig(
         vocab_size=2048,
         tiny_hidden_size=64,
         tiny_num_layers=2,
@@ -679,26 +708,30 @@ def main(args: argparse.Namespace) -> None:
         init_std=0.02,
         learning_rate=1e-3,
         batch_size=32,
-        seed=args.seed,
+        seed=seed,
     )
-    shares = (0.06,) if args.quick else (0.06, 0.3)
-    t0 = time.perf_counter()
-    online = bench_online(steps, online_spec, args.seed, tiny, shares)
-    online_rows = summarise_online(online, last=min(20, steps))
+
+
+def online_part(steps: int, seed: int, tiny: PredictorConfig, quick: bool) -> tuple[dict, list[dict]]:
+    """Part 1: every predictor's run, and their summary over the last steps (printed)."""
+    shares = (0.06,) if quick else (0.06, 0.3)
+    online = bench_online(steps, ONLINE_SPEC, seed, tiny, shares)
+    rows = summarise_online(online, last=min(20, steps))
     print(
         f"\n== 1. online Spearman (TRACE in the simulator, "
-        f"M={online_spec.roots_M}, N={online_spec.expansion_N}, "
+        f"M={ONLINE_SPEC.roots_M}, N={ONLINE_SPEC.expansion_N}, "
         f"{steps} steps; mean of the last {min(20, steps)})"
     )
-    print(table(online_rows, list(online_rows[0])))
+    print(table(rows, list(rows[0])))
+    return online, rows
 
-    timing_tokens = SimTokens(prompt_filler=126, turn_filler=46)  # 128-token prompts, 48-token turns
-    timing_spec = (
-        BudgetSpec(roots_M=16, expansion_N=1) if args.quick else BudgetSpec(roots_M=32, expansion_N=1)
-    )
-    trees = make_timing_trees(timing_spec, args.seed, timing_tokens)
+
+def scoring_part(seed: int, tiny: PredictorConfig, quick: bool, repeat: int) -> dict:
+    """Part 2: scoring cost of each variant (printed)."""
+    spec = BudgetSpec(roots_M=16, expansion_N=1) if quick else BudgetSpec(roots_M=32, expansion_N=1)
+    trees = make_timing_trees(spec, seed, SCORING_TOKENS)
     scorer = SuccessPredictor(PredictorConfig(**{**asdict(tiny), "max_tokens_per_forward": 4096}))
-    scoring = bench_scoring(scorer, trees, args.repeat)
+    scoring = bench_scoring(scorer, trees, repeat)
     print(
         f"\n== 2. scoring cost: {scoring['trees']} trees, {scoring['nodes']} nodes, "
         f"{scoring['leaves']} leaves, "
@@ -707,11 +740,12 @@ def main(args: argparse.Namespace) -> None:
     )
     rows = [{"variant": k, **v} for k, v in scoring["variants"].items()]
     print(table(rows, ["variant", "tokens", "tokens_vs_packed", "cpu_s", "time_vs_packed"]))
+    return scoring
 
-    share_tokens = SimTokens(prompt_filler=62, turn_filler=30)  # 64-token prompts, 32-token turns
-    share_spec = (
-        BudgetSpec(roots_M=16, expansion_N=1) if args.quick else BudgetSpec(roots_M=32, expansion_N=1)
-    )
+
+def share_part(seed: int, tiny: PredictorConfig, quick: bool, repeat: int) -> dict:
+    """Part 3: the predictor's share of a training step (printed)."""
+    spec = BudgetSpec(roots_M=16, expansion_N=1) if quick else BudgetSpec(roots_M=32, expansion_N=1)
     pred_cfg = PredictorConfig(
         **{
             **asdict(tiny),
@@ -723,17 +757,12 @@ def main(args: argparse.Namespace) -> None:
             "max_tokens_per_forward": 4096,
         }
     )
-    policy_shape = dict(
-        hidden_size=384,
-        num_hidden_layers=6,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        head_dim=64,
-        intermediate_size=1152,
-    )
-    share = bench_step_share(
-        share_spec, args.seed, share_tokens, pred_cfg, policy_shape, args.repeat, micro_batch=16
-    )
+    share = bench_step_share(spec, seed, SHARE_TOKENS, pred_cfg, POLICY_SHAPE, repeat, micro_batch=16)
+    print_share(share)
+    return share
+
+
+def print_share(share: dict) -> None:
     print(
         f"\n== 3. share of a training step: predictor {share['predictor_params_total'] / 1e6:.2f}M params vs "
         f"policy {share['policy_params_total'] / 1e6:.2f}M "
@@ -754,61 +783,59 @@ def main(args: argparse.Namespace) -> None:
         "target <= 2%"
     )
 
+
+def real_tokens_part(steps: int, seed: int, tiny: PredictorConfig) -> tuple[dict, dict]:
+    """Part 4: the predictor on real token trees, and its means over the last steps (printed)."""
     task = CountingTask()
     real_cfg = PredictorConfig(**{**asdict(tiny), "vocab_size": task.vocab_size, "prefix_share": 0.3})
-    real = bench_real_tokens(steps // 2, args.seed, task, real_cfg)
-    rs = real["steps"][-min(10, len(real["steps"])) :]
-    real_summary = {
-        k: float(np.nanmean([s[k] for s in rs]))
-        for k in (
-            "oos_spearman_root",
-            "oos_spearman_prefix",
-            "oos_mse_root",
-            "oos_mse_prefix",
-            "ece_prefix",
-            "mean_reward",
-            "root_target_std",
-        )
-    }
+    real = bench_real_tokens(steps, seed, task, real_cfg)
+    last = real["steps"][-min(10, len(real["steps"])) :]
+    summary = {k: float(np.nanmean([s[k] for s in last])) for k in REAL_SUMMARY_KEYS}
     print(
         f"\n== 4. real token trees (tiny random Qwen3 policy, counting task, {len(real['steps'])} steps, "
-        f"prefix_share 0.3; mean of the last {len(rs)})"
+        f"prefix_share 0.3; mean of the last {len(last)})"
     )
-    print(table([real_summary], list(real_summary)))
+    print(table([summary], list(summary)))
+    return real, summary
+
+
+def per_step(steps: list[dict]) -> list[dict]:
+    """The figures of each step the results file keeps."""
+    return [{m: s[m] for m in PER_STEP_KEYS if m in s} for s in steps]
+
+
+def main(args: argparse.Namespace) -> None:
+    steps = 10 if args.quick else args.steps
+    tiny = tiny_predictor_config(args.seed)
+    t0 = time.perf_counter()
+    online, online_rows = online_part(steps, args.seed, tiny, args.quick)
+    scoring = scoring_part(args.seed, tiny, args.quick, args.repeat)
+    share = share_part(args.seed, tiny, args.quick, args.repeat)
+    real, real_summary = real_tokens_part(steps // 2, args.seed, tiny)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "command": "python bench/predictor.py"
         + (" --quick" if args.quick else f" --steps {steps}")
         + f" --repeat {args.repeat} --seed {args.seed}",
-        "machine": {
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-        },
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
         "sim_tokens_online": asdict(SimTokens()),
-        "sim_tokens_scoring": asdict(timing_tokens),
-        "sim_tokens_share": asdict(share_tokens),
+        "sim_tokens_scoring": asdict(SCORING_TOKENS),
+        "sim_tokens_share": asdict(SHARE_TOKENS),
         "online": {
-            "budget": asdict(online_spec),
+            "budget": asdict(ONLINE_SPEC),
             "steps": steps,
             "predictor_config": asdict(tiny),
             "summary_last_20": online_rows,
-            "per_step": {
-                k: [{m: s[m] for m in PER_STEP_KEYS if m in s} for s in v["steps"]] for k, v in online.items()
-            },
+            "per_step": {k: per_step(v["steps"]) for k, v in online.items()},
         },
         "scoring": scoring,
         "share": share,
-        "real_tokens": {
-            "task": real["task"],
-            "per_step": [{m: s[m] for m in PER_STEP_KEYS if m in s} for s in real["steps"]],
-            "summary_last_10": real_summary,
-        },
+        "real_tokens": {"task": real["task"], "per_step": per_step(real["steps"]), "summary_last_10": real_summary},
         "wall_s": time.perf_counter() - t0,
     }
     args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
-    plot(args.out.with_suffix(".png"), online, scoring, share, real, window)
+    plot(args.out.with_suffix(".png"), online, scoring, share, real, WINDOW)
     print(f"\nwrote {args.out} and {args.out.with_suffix('.png')} ({result['wall_s']:.0f} s)")
 
 
