@@ -46,6 +46,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -328,7 +329,7 @@ def plot(runs: list[dict], variants: list[str], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--testbed", default="runs/testbed",
                     help="a testbed warm start's folder (policy/, pool.jsonl, warmup.jsonl, testbed.json): "
@@ -358,49 +359,70 @@ def main() -> None:
                     help="seeds for the ablations and treepo (default: --seeds)")
     ap.add_argument("--out-dir", default="runs/bench_train_compare")
     ap.add_argument("--out", type=Path, default=Path("bench/results/train_compare.json"))
-    args = ap.parse_args()
+    return ap
+
+
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """The arguments (``--quick``'s seeds and steps applied) and the variants to run."""
+    args = build_parser().parse_args()
     variants = list(args.methods) if args.methods else (["grpo", "trace"] if args.quick else list(VARIANTS))
     if not args.runs_only and not {"grpo", "trace"} <= set(variants):
         raise SystemExit(f"--methods must include grpo and trace (the targets compare them), got {variants}")
     if args.quick:
         args.seeds, args.steps, args.pool_mid = args.seeds[:1], 4, 2
-    testbed = json.loads((Path(args.testbed) / "testbed.json").read_text())
-    frozen = Path("bench/results/testbed.json")  # the committed spread, when it is this testbed's
+    return args, variants
+
+
+def load_testbed(folder: str) -> dict:
+    """The testbed's description, with the committed success spread where it is this testbed's."""
+    testbed = json.loads((Path(folder) / "testbed.json").read_text())
+    frozen = Path("bench/results/testbed.json")
     spread = json.loads(frozen.read_text()) if frozen.is_file() else {}
     testbed["spread"] = spread.get("spread") if spread.get("hash") == testbed["hash"] else None
+    return testbed
 
-    engine = SharedEngine(f"{args.testbed}/policy")
-    t0 = time.perf_counter()
-    commit = git_commit()
-    runs: list[dict] = []
-    reused: dict[str, str] = {}  # run -> the commit its record was made at
-    start: dict | None = None  # the pool success at step 0: the same policy and seeds for every run
+
+def requested_runs(args: argparse.Namespace, variants: list[str], commit: str | None,
+                   testbed_hash: str) -> Iterator[tuple[str, int]]:
+    """(variant, seed) of every run to make or reuse: the ablations and treepo only at
+    ``--ablation-seeds``; with ``--reuse-only``, only the runs that have a matching record."""
     for seed in args.seeds:
         for v in variants:
             if v in (*ABLATIONS, "treepo") and args.ablation_seeds is not None and seed not in args.ablation_seeds:
                 continue
-            if args.reuse_only:
-                record = existing_record(Path(args.out_dir) / f"{v}-seed{seed}", commit,
-                                         run_settings(v, seed, args, testbed["hash"]), args.any_commit)
-                if record is None:
-                    print(f"{v} seed {seed}: no matching record, left out", flush=True)
-                    continue
-            run, made_at = run_or_reuse(v, seed, args, engine, start, commit, testbed["hash"])
-            runs.append(run)
-            if made_at is not None:
-                reused[f"{v}-seed{seed}"] = made_at
-            start = start or run["pool_success"][0]
-            print(f"{v} seed {seed}: effective ratio {np.nanmean(run['series']['effective_ratio']):.3f}, "
-                  f"pool success {run['pool_success'][0]['success']:.3f} -> "
-                  f"{run['pool_success'][-1]['success']:.3f} ({run['wall_s']:.0f} s"
-                  f"{'' if made_at is None else f', from its record (commit {made_at[:10]})'})", flush=True)
+            if args.reuse_only and existing_record(Path(args.out_dir) / f"{v}-seed{seed}", commit,
+                                                   run_settings(v, seed, args, testbed_hash), args.any_commit) is None:
+                print(f"{v} seed {seed}: no matching record, left out", flush=True)
+                continue
+            yield v, seed
+
+
+def print_run(variant: str, seed: int, run: dict, made_at: str | None) -> None:
+    print(f"{variant} seed {seed}: effective ratio {np.nanmean(run['series']['effective_ratio']):.3f}, "
+          f"pool success {run['pool_success'][0]['success']:.3f} -> "
+          f"{run['pool_success'][-1]['success']:.3f} ({run['wall_s']:.0f} s"
+          f"{'' if made_at is None else f', from its record (commit {made_at[:10]})'})", flush=True)
+
+
+def make_runs(args: argparse.Namespace, variants: list[str], commit: str | None,
+              testbed_hash: str) -> tuple[list[dict], dict[str, str]]:
+    """Every requested run, made now or reused from its record, and the commit of each reused one."""
+    engine = SharedEngine(f"{args.testbed}/policy")
+    runs: list[dict] = []
+    reused: dict[str, str] = {}  # run -> the commit its record was made at
+    start: dict | None = None  # the pool success at step 0: the same policy and seeds for every run
+    for v, seed in requested_runs(args, variants, commit, testbed_hash):
+        run, made_at = run_or_reuse(v, seed, args, engine, start, commit, testbed_hash)
+        runs.append(run)
+        if made_at is not None:
+            reused[f"{v}-seed{seed}"] = made_at
+        start = start or run["pool_success"][0]
+        print_run(v, seed, run, made_at)
     engine.close()
-    if args.runs_only:
-        print(f"{len(runs)} run records in {args.out_dir} ({time.perf_counter() - t0:.0f} s)")
-        return
-    variants = [v for v in variants if any(r["variant"] == v for r in runs)]
-    rows, pool = summarise(runs, variants, args.pool_k, len(testbed["pool"]))
-    targets = judge(rows, pool)
+    return runs, reused
+
+
+def print_comparison(rows: list[dict], targets: dict[str, str]) -> None:
     from bench_tables import print_table
 
     print_table(rows, TABLE)
@@ -411,6 +433,10 @@ def main() -> None:
         print("  trace vs pcl: " + ", ".join(f"{k} {by['trace'][k]:.3f} vs {by['pcl'][k]:.3f}" for k in
                                           ("effective_ratio", "contrastive_yield", "rollouts_per_mixed_group",
                                            "pool_success_end")))
+
+
+def write_results(args: argparse.Namespace, commit: str | None, reused: dict[str, str], testbed: dict,
+                  rows: list[dict], pool: dict, targets: dict[str, str], runs: list[dict], wall: float) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": " ".join(["python", *sys.argv]), "commit": commit, "reused_records": reused,
@@ -419,7 +445,23 @@ def main() -> None:
                    "pool_k": args.pool_k},
         "rows": rows, "pool_success_measurement": pool, "targets": targets,
         "series": {f"{r['variant']}/seed{r['seed']}": {**r["series"], "pool_success": r["pool_success"]}
-                   for r in runs}, "wall_s": time.perf_counter() - t0}, indent=1, default=float))
+                   for r in runs}, "wall_s": wall}, indent=1, default=float))
+
+
+def main() -> None:
+    args, variants = parse_args()
+    testbed = load_testbed(args.testbed)
+    t0 = time.perf_counter()
+    commit = git_commit()
+    runs, reused = make_runs(args, variants, commit, testbed["hash"])
+    if args.runs_only:
+        print(f"{len(runs)} run records in {args.out_dir} ({time.perf_counter() - t0:.0f} s)")
+        return
+    variants = [v for v in variants if any(r["variant"] == v for r in runs)]
+    rows, pool = summarise(runs, variants, args.pool_k, len(testbed["pool"]))
+    targets = judge(rows, pool)
+    print_comparison(rows, targets)
+    write_results(args, commit, reused, testbed, rows, pool, targets, runs, time.perf_counter() - t0)
     plot(runs, variants, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
