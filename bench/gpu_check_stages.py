@@ -425,7 +425,7 @@ STAGES = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Example (the dry run the tests make):\n"
@@ -441,6 +441,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=0.0, help="record: how long it ran")
     ap.add_argument("--log", help="record: the stage's log, whose tail goes into the record")
     ap.add_argument("--wheels-dir", default=str(REPO / "build" / "wheels"), help="wheels: where to put them")
+    return ap
+
+
+def record_failed_stage(args: argparse.Namespace, report: Path) -> None:
+    """A stage that did not finish: its status, exit code, time and the tail of its log."""
+    tail = Path(args.log).read_text(errors="replace").splitlines()[-15:] if args.log and Path(args.log).exists() \
+        else []
+    append_stage(report, {"name": args.name, "status": args.status, "rc": args.rc, "seconds": args.seconds,
+                          "log_tail": tail})
+
+
+def run_stage(args: argparse.Namespace, report: Path) -> None:
+    work = Path(args.work or report.parent / "gpu_check_work")
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    record = STAGES[args.stage](work, CPU if args.cpu else GPU)
+    # the distributions this stage imported: what the bare image must have, or the check carries
+    imported = sorted({m.split(".")[0] for m in list(sys.modules)} & _installed_top_levels())
+    append_stage(report, {"name": args.stage, "status": "ok", "seconds": time.perf_counter() - t0, **record,
+                          "imported_packages": imported})
+    print(json.dumps({"stage": args.stage, "status": "ok"}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.stage == "wheels":
         for cmd in build_wheels(Path(args.wheels_dir)):
@@ -451,22 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     report = Path(args.report)
     if args.stage == "init":
         init_report(report, "cpu" if args.cpu else "gpu", args.command)
-        return 0
-    if args.stage == "record":
-        tail = Path(args.log).read_text(errors="replace").splitlines()[-15:] if args.log and Path(args.log).exists() \
-            else []
-        append_stage(report, {"name": args.name, "status": args.status, "rc": args.rc, "seconds": args.seconds,
-                              "log_tail": tail})
-        return 0
-    work = Path(args.work or report.parent / "gpu_check_work")
-    work.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    record = STAGES[args.stage](work, CPU if args.cpu else GPU)
-    # the distributions this stage imported: what the bare image must have, or the check carries
-    imported = sorted({m.split(".")[0] for m in list(sys.modules)} & _installed_top_levels())
-    append_stage(report, {"name": args.stage, "status": "ok", "seconds": time.perf_counter() - t0, **record,
-                          "imported_packages": imported})
-    print(json.dumps({"stage": args.stage, "status": "ok"}))
+    elif args.stage == "record":
+        record_failed_stage(args, report)
+    else:
+        run_stage(args, report)
     return 0
 
 
