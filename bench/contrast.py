@@ -305,8 +305,6 @@ def protocol(args: argparse.Namespace) -> dict:
     }
 
 
-
-
 # ---------------------------------------------------------------------------------- the posterior sweep
 SWEEP_DIGITS = {**{f"r/mix {p}": 2 for p in SWEEP_PREDICTORS}, **{f"eff {p}": 3 for p in SWEEP_PREDICTORS},
                 "mean r/mix": 2}  # column: decimal places
@@ -617,8 +615,6 @@ def _clean(x: object) -> object:
     if isinstance(x, float | np.floating):
         return float(x) if np.isfinite(x) else None
     return x
-
-
 
 
 # ---------------------------------------------------------------------------------- the figure
