@@ -157,6 +157,28 @@ def test_packing_layout() -> None:
     assert (n1, n2, n3, n4) == (1, 2, 3, 4)
 
 
+def test_tiny_backbone_weights_are_the_shared_tiny_qwen3_draw() -> None:
+    """The tiny backbone is drawn by models.init_tiny_weights: sorted names, norms 1, the rest
+    N(0, init_std) from one generator seeded with config.seed; the head draws from seed + 1."""
+    from transformers import Qwen3Model
+
+    from trace_core.models import init_tiny_weights
+    from trace_core.predictor.model import tiny_backbone_config
+
+    config = tiny_config(seed=3)
+    backbone = SuccessPredictor(config).model.backbone
+    fresh = init_tiny_weights(Qwen3Model(tiny_backbone_config(config)), 3, config.init_std)
+    gen = torch.Generator().manual_seed(3)
+    for name, param in sorted(backbone.named_parameters()):
+        assert torch.equal(param, fresh.get_parameter(name)), name
+        if name.endswith("norm.weight"):
+            assert torch.all(param == 1.0), name
+        else:
+            assert torch.equal(param, torch.randn(param.shape, generator=gen) * config.init_std), name
+    other = SuccessPredictor(tiny_config(seed=4)).model.backbone
+    assert not torch.equal(backbone.embed_tokens.weight, other.embed_tokens.weight)
+
+
 def test_bad_inputs_raise() -> None:
     predictor = SuccessPredictor(tiny_config())
     with pytest.raises(ValueError, match="vocabulary"):

@@ -298,18 +298,33 @@ def tiny_qwen3_config(*, vocab_size: int, hidden_size: int, intermediate_size: i
 def init_tiny_qwen3(model_config, seed: int):
     """A ``Qwen3ForCausalLM`` with every weight drawn from ``seed`` (float32, eval mode).
 
-    Embeddings and linear weights ~ N(0, initializer_range), norms = 1, no biases (Qwen3 has none).
-    Drawn explicitly in parameter-name order rather than through ``_init_weights`` so the weights
-    do not depend on transformers' init code.
+    Embeddings and linear weights ~ N(0, initializer_range), norms = 1, no biases (Qwen3 has none),
+    drawn by :func:`init_tiny_weights` rather than transformers' ``_init_weights``.
     """
-    import torch
     from transformers import Qwen3ForCausalLM
 
     if model_config.tie_word_embeddings:
         raise ValueError("the tiny policy must have untied embeddings (tie_word_embeddings=False)")
     model = Qwen3ForCausalLM(model_config).eval()
+    init_tiny_weights(model, seed, model_config.initializer_range)
+    return model
+
+
+def init_tiny_weights(model, seed: int, std: float):
+    """Draw every parameter of a tiny random Qwen3 in place from ``seed``; returns ``model``.
+
+    The one weight init of this project's tiny Qwen3s (the policy of :func:`init_tiny_qwen3` and
+    the predictor's tiny backbone): parameters are visited in sorted-name order, RMSNorm weights
+    (names ending ``norm.weight``) are set to 1, and every other parameter is replaced by
+    ``N(0, std)`` drawn in float32 from a private ``torch.Generator`` seeded with ``seed``. So the
+    weights depend only on ``seed``, ``std`` and the parameter names and shapes, not on
+    transformers' ``_init_weights`` or the global torch RNG. The names include any module prefix
+    (``model.`` / ``lm_head`` of a ``Qwen3ForCausalLM``), so a bare ``Qwen3Model`` and a causal LM
+    of the same config get different weights from the same seed.
+    """
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
-    std = model_config.initializer_range
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):

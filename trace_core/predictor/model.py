@@ -42,9 +42,12 @@ def build_backbone(config: PredictorConfig) -> nn.Module:
     """A ``transformers.Qwen3Model``: loaded from ``config.backbone_path`` (local files only; a
     ``Qwen3ForCausalLM`` checkpoint loads too, its LM head is dropped) or tiny and random.
 
-    Tiny weights are drawn from ``config.seed`` in parameter-name order (norms = 1), so they do
-    not depend on transformers' init code or on the global torch RNG."""
+    Tiny weights are drawn from ``config.seed`` by :func:`trace_core.models.init_tiny_weights`
+    (parameter-name order, norms = 1), so they do not depend on transformers' init code or on the
+    global torch RNG."""
     from transformers import Qwen3Model
+
+    from trace_core.models import init_tiny_weights
 
     if config.pretrained:
         backbone = Qwen3Model.from_pretrained(
@@ -56,14 +59,7 @@ def build_backbone(config: PredictorConfig) -> nn.Module:
         return backbone
     backbone = Qwen3Model(tiny_backbone_config(config))
     backbone.config._attn_implementation = backbone_attention(config.attn_implementation)
-    gen = torch.Generator().manual_seed(config.seed)
-    with torch.no_grad():
-        for name, param in sorted(backbone.named_parameters()):
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * config.init_std)
-    return backbone
+    return init_tiny_weights(backbone, config.seed, config.init_std)
 
 
 class PrefixValueModel(nn.Module):
