@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -16,6 +17,9 @@ from trace_core.allocation import (
     DynamicSampling,
     GresoRoots,
     Method,
+    PosteriorRoots,
+    RootRule,
+    WithoutHistory,
     allocate_prefixes,
     allocate_prefixes_greedy,
     allocate_roots,
@@ -35,6 +39,7 @@ from trace_core.allocation import (
     root_unit_gains_beta,
     root_value,
     root_value_beta,
+    roots_trace,
     roots_uniform_all,
 )
 from trace_core.history import GresoConfig, HistoryView, PosteriorConfig, PromptHistory, beta_posterior
@@ -461,7 +466,7 @@ def _view_with_streaks(streaks: list[int], step: int = 10) -> HistoryView:
 def test_greso_skips_filtered_prompts_and_fills_from_them_only_when_short():
     spec = BudgetSpec(roots_M=8, expansion_N=1, group_size_G=4, pool_factor=2)  # 4 prompts × 4 of a pool of 8
     rule = GresoRoots(GresoConfig(readmit_probability=0.0))
-    never = Method("greso-test", roots_uniform_all, None, "", history_rule=rule)
+    never = Method("greso-test", rule, None, "")
     v = np.full(spec.pool_size, 0.5)
     view = _view_with_streaks([1, 2, 0, 0, 0, 0, 3, 1])
     for seed in range(20):
@@ -478,7 +483,7 @@ def test_greso_skips_filtered_prompts_and_fills_from_them_only_when_short():
 
 
 def test_dynamic_sampling_rounds_stop_at_the_target_or_the_budget():
-    rule = get_method("dapo").round_rule
+    rule = get_method("dapo").group_filter
     assert rule is not None and get_method("dapo").samples_in_rounds
     spec = BudgetSpec(roots_M=64, expansion_N=0)  # GRPO's batch: 8 prompts × 8; target 4 mixed, rounds of 2
     assert rule.target_groups(spec) == 4 and rule.round_prompts(spec) == 2
@@ -526,9 +531,37 @@ def test_posterior_roots_are_the_exact_beta_solver_on_the_posterior():
     assert np.array_equal(m0, allocate_roots_beta(s * v, s * (1 - v), spec.roots_M, spec.max_per_prompt))
 
 
-def test_a_round_rule_cannot_expand():
+def test_a_group_filter_cannot_expand():
     with pytest.raises(ValueError, match="cannot expand"):
-        Method("x", roots_uniform_all, prefixes_trace, "", round_rule=DynamicSampling())
+        Method("x", roots_uniform_all, prefixes_trace, "", group_filter=DynamicSampling())
+
+
+def test_every_root_rule_is_one_interface_that_says_whether_it_reads_history():
+    spec = BudgetSpec(roots_M=16, expansion_N=2)
+    v = np.random.default_rng(2).random(spec.pool_size)
+    view = HistoryView.empty(spec.pool_size)
+    for method in METHODS.values():
+        rule = method.root_rule
+        assert isinstance(rule, RootRule) and method.reads_history == rule.reads_history
+        # a rule that reads history treats None as an empty history; one that reads none ignores it
+        assert np.array_equal(rule(v, spec, np.random.default_rng(0), None),
+                              rule(v, spec, np.random.default_rng(0), view))
+    assert {n for n, m in METHODS.items() if m.reads_history} == {"greso", "trace-posterior",
+                                                                  "trace-posterior-thompson"}
+    assert not WithoutHistory(GresoRoots()).reads_history  # the memoryless ablation builds no view
+    with pytest.raises(TypeError, match="StatelessRoots"):  # a bare function does not say whether it reads history
+        Method("x", lambda v, spec, rng: np.zeros(v.shape[0], dtype=np.int64), None, "")
+
+
+def test_the_former_history_rule_spelling_becomes_the_root_rule():
+    """``replace(method, root_rule=WithoutHistory(rule), history_rule=rule)`` (the old pair) still
+    gives a method whose one root rule is ``rule``; the group filter reads as ``round_rule`` too."""
+    rule = PosteriorRoots(PosteriorConfig(prior_strength=2.0))
+    method = dataclasses.replace(get_method("trace-posterior"), root_rule=WithoutHistory(rule), history_rule=rule)
+    assert method.root_rule is rule and method.reads_history
+    assert dataclasses.replace(method, description="same").root_rule is rule  # replace keeps it
+    assert dataclasses.replace(method, root_rule=roots_trace).root_rule is roots_trace
+    assert get_method("dapo").round_rule is get_method("dapo").group_filter is not None
 
 
 def test_explore_roots_keeps_the_budget() -> None:

@@ -197,7 +197,7 @@ def test_rounds_never_exceed_the_budget_and_dropped_groups_are_counted(engine, t
 
     spec = BudgetSpec(roots_M=8, expansion_N=1, group_size_G=4, max_per_prompt=4, pool_factor=2)
     dapo = get_method("dapo")
-    rule = dapo.round_rule
+    rule = dapo.group_filter
     pool = tasks(spec.pool_size, turns=2)
 
     def rounds(success_rate: float):
@@ -243,7 +243,7 @@ def test_rounds_never_exceed_the_budget_and_dropped_groups_are_counted(engine, t
 
     import dataclasses
 
-    greedy = dataclasses.replace(dapo, round_rule=Overspend())
+    greedy = dataclasses.replace(dapo, group_filter=Overspend())
     executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT)
     with pytest.raises(AssertionError, match="budget"):
         executor.run_in_rounds(pool, np.full(spec.pool_size, 0.5), greedy, spec, np.random.default_rng(0))

@@ -13,7 +13,6 @@ from trace_core.allocation import (
     BudgetSpec,
     GresoRoots,
     Method,
-    WithoutHistory,
     allocate_roots_beta,
     get_method,
 )
@@ -145,7 +144,7 @@ def test_every_method_spends_exactly_the_equal_budget(method, shape):
     spent = sum(len(t.trajectories) for t in trees)
     assert spent == result.trajectories
     if METHODS[method].samples_in_rounds:  # the budget is a cap: stopping short needs the target met
-        rule = METHODS[method].round_rule
+        rule = METHODS[method].group_filter
         assert spent == spec.total or result.metrics["counts/mixed_groups_trained"] == rule.target_groups(spec)
         assert spent <= spec.total
     else:
@@ -424,7 +423,7 @@ def test_greso_skips_prompts_it_saw_uniform():
         return hits / seen, seen
 
     strict_rule = GresoRoots(GresoConfig(readmit_probability=0.0))  # a filtered prompt is never re-admitted
-    strict = Method("greso-strict", WithoutHistory(strict_rule), None, "", history_rule=strict_rule)
+    strict = Method("greso-strict", strict_rule, None, "")
     greso, n_greso = selected_uniform_share(strict)
     grpo, n_grpo = selected_uniform_share("grpo")
     default, _ = selected_uniform_share("greso")
@@ -438,7 +437,7 @@ def test_greso_skips_prompts_it_saw_uniform():
 
 def test_dapo_samples_in_rounds_and_trains_only_on_the_first_mixed_groups():
     spec = BudgetSpec(128, 0)
-    rule = get_method("dapo").round_rule
+    rule = get_method("dapo").group_filter
     for kind, seed in (("easy", 0), ("hard", 1)):
         # a pool of near-coin prompts reaches the target early; the default pool spends the budget
         config = SimConfig(difficulty_beta=50.0) if kind == "easy" else SimConfig()

@@ -110,21 +110,24 @@ def test_killed_run_resumes_the_same_mlflow_run(tiny_models, server, tmp_path) -
 
 
 def _spy_on_history(trainer, seen: list) -> None:
-    """Make ``trainer``'s history rule record each view it is given, then decide as before."""
+    """Make ``trainer``'s root rule record each history view it is given, then decide as before."""
     import dataclasses
 
-    rule = trainer.method.history_rule
+    rule = trainer.method.root_rule
 
-    def spy(v, history, spec, rng):
-        seen.append(history)
-        return rule(v, history, spec, rng)
+    class Spy:
+        reads_history = True
 
-    trainer.method = dataclasses.replace(trainer.method, history_rule=spy)
+        def __call__(self, v, spec, rng, history):
+            seen.append(history)
+            return rule(v, spec, rng, history)
+
+    trainer.method = dataclasses.replace(trainer.method, root_rule=Spy())
 
 
-def test_prompt_history_feeds_the_history_rule_and_survives_a_resume(vllm_engine, tiny_models, server,
-                                                                      tmp_path) -> None:
-    """trace-posterior (a history rule that also expands): each step's view holds the bare root
+def test_prompt_history_feeds_the_root_rule_and_survives_a_resume(vllm_engine, tiny_models, server,
+                                                                   tmp_path) -> None:
+    """trace-posterior (a root rule that reads history and also expands): each step's view holds the bare root
     outcomes of the earlier steps, as the logged trees show them, with the predictions the
     allocator used; a resumed trainer continues with the same history. The same run checks the
     predictor's prefix floor and its random-anchor diagnostic."""
@@ -213,6 +216,6 @@ def test_dapo_spends_at_most_the_budget_and_counts_its_dropped_groups(vllm_engin
         if mixed_kept:
             assert metrics["rollouts_per_mixed_group"] == pytest.approx(spent / mixed_kept)
         if spent < total:  # stopping short means the target of mixed groups was reached
-            assert mixed_kept == trainer.method.round_rule.target_groups(cfg.budget.spec())
+            assert mixed_kept == trainer.method.group_filter.target_groups(cfg.budget.spec())
         dropped_seen += len(dropped)
     assert dropped_seen > 0

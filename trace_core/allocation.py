@@ -5,20 +5,20 @@ implementations (`allocate_roots_dp`, `allocate_prefixes_greedy`) exist for test
 and are never used as a silent fallback. The posterior-aware root solver
 (`allocate_roots_beta`) is the same exact solver on a Beta posterior per prompt.
 
-Beside the method §4 baselines, the registry holds methods that remember prompts across steps
-(GRESO, the posterior-aware TRACE roots: a *history rule* reading a
-:class:`~trace_core.history.HistoryView`) and one that samples in rounds (DAPO's dynamic
-sampling: a *round rule*). Each is a field of :class:`Method`, as are method §5's root
-exploration (:func:`explore_roots`) and the advantage estimator the method trains with; nothing
-reads a method's name.
+Beside the method §4 baselines, the registry holds methods whose root rule remembers prompts
+across steps (GRESO, the posterior-aware TRACE roots: a :class:`RootRule` that reads a
+:class:`~trace_core.history.HistoryView`) and one whose group filter samples in rounds (DAPO's
+dynamic sampling: a :class:`RoundRule`). Each is a field of :class:`Method`, as are method §5's
+root exploration (:func:`explore_roots`) and the advantage estimator the method trains with;
+nothing reads a method's name.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import InitVar, dataclass
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -684,7 +684,42 @@ class BudgetSpec:
         return self.pool_factor * self.total // self.group_size_G
 
 
-RootRule = Callable[[np.ndarray, BudgetSpec, np.random.Generator], np.ndarray]
+@runtime_checkable
+class RootRule(Protocol):
+    """How a method picks the step's bare rollouts per candidate: ``(v, spec, rng, history) → m``.
+
+    One interface for every root rule, so that :class:`Method` has one root field whether or not
+    the rule keeps state across steps. A rule that does (GRESO, the posterior roots) keeps none
+    itself: its state is the caller's :class:`~trace_core.history.PromptHistory`, handed in as a
+    :class:`~trace_core.history.HistoryView` with one row per candidate, so a checkpoint holds it
+    and the trainer and the simulator share it. ``reads_history`` tells a caller whether building
+    that view is worth it; a rule that reads none ignores ``history``, and one that does treats
+    ``None`` as an empty history (a first step, or a caller that keeps no history)."""
+
+    @property
+    def reads_history(self) -> bool: ...
+
+    def __call__(
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None
+    ) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class StatelessRoots:
+    """A root rule that decides from the step's predictions alone (GRPO, PCL, TRACE's roots): a
+    plain ``(v, spec, rng) → m`` function, which keeps nothing across steps and so ignores any
+    history. Used as a decorator, the function's own name becomes the :class:`RootRule`, still
+    callable as ``rule(v, spec, rng)``."""
+
+    choose: Callable[[np.ndarray, BudgetSpec, np.random.Generator], np.ndarray]
+    reads_history: ClassVar[bool] = False
+
+    def __call__(
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
+    ) -> np.ndarray:
+        return self.choose(v, spec, rng)
+
+
 PrefixRule = Callable[[np.ndarray, np.ndarray, int, np.ndarray, np.random.Generator], np.ndarray]
 
 
@@ -696,16 +731,19 @@ def _uniform_prompts(num_prompts: int, pool: int, group: int, rng: np.random.Gen
     return m
 
 
+@StatelessRoots
 def roots_uniform_all(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
     """GRPO: M(1+N)/G random prompts × G rollouts (no expansion)."""
     return _uniform_prompts(spec.total // spec.group_size_G, v.shape[0], spec.group_size_G, rng)
 
 
+@StatelessRoots
 def roots_uniform(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
     """TreePO / trace-prefix-only: M/G random prompts × G rollouts (the rest goes to expansion)."""
     return _uniform_prompts(spec.roots_M // spec.group_size_G, v.shape[0], spec.group_size_G, rng)
 
 
+@StatelessRoots
 def roots_pcl(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
     """PCL: the M(1+N)/G prompts whose predicted v is nearest 0.5, G rollouts each (random ties)."""
     n = spec.total // spec.group_size_G
@@ -717,6 +755,7 @@ def roots_pcl(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.n
     return m
 
 
+@StatelessRoots
 def roots_trace(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
     """TRACE stage 1: the exact optimum of method §2 with budget M."""
     return allocate_roots(v, spec.roots_M, spec.max_per_prompt)
@@ -740,19 +779,19 @@ def prefixes_random(
 
 
 # ============================================================================ rules with memory or rounds
-HistoryRootRule = Callable[[np.ndarray, HistoryView, BudgetSpec, np.random.Generator], np.ndarray]
-"""A root rule that also reads the candidates' history (one row of the view per candidate)."""
-
-
 @dataclass(frozen=True)
 class WithoutHistory:
-    """A history rule called with an empty history: what it does on a first step, or when the
-    caller keeps no history. The stateless form of a history method (its ``root_rule``)."""
+    """A history-reading root rule that is always shown an empty history: what it does on a first
+    step, kept for every step. The rule's memoryless ablation (GRESO that forgets, the posterior
+    roots on the prior alone); it reads no history, so a caller builds no view for it."""
 
-    rule: HistoryRootRule
+    rule: RootRule
+    reads_history: ClassVar[bool] = False
 
-    def __call__(self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
-        return self.rule(v, HistoryView.empty(v.shape[0]), spec, rng)
+    def __call__(
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
+    ) -> np.ndarray:
+        return self.rule(v, spec, rng, HistoryView.empty(v.shape[0]))
 
 
 @dataclass(frozen=True)
@@ -764,11 +803,16 @@ class GresoRoots:
     the step's candidates). With no history it is GRPO's uniform rule."""
 
     config: GresoConfig = GresoConfig()
+    reads_history: ClassVar[bool] = True
 
-    def __call__(self, v: np.ndarray, history: HistoryView, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+    def __call__(
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
+    ) -> np.ndarray:
         n, B = spec.total // spec.group_size_G, v.shape[0]
         if n > B:
             raise ValueError(f"need {n} prompts of {spec.group_size_G} rollouts but the pool holds only {B}")
+        if history is None:
+            history = HistoryView.empty(B)
         if len(history) != B:
             raise ValueError(f"history has {len(history)} rows for a pool of {B} prompts")
         keep = greso_keep(history, self.config, rng)
@@ -788,8 +832,13 @@ class PosteriorRoots:
 
     config: PosteriorConfig = PosteriorConfig()
     sample_posterior: bool = False  # True: Thompson (one posterior draw per prompt); False: the exact expectation
+    reads_history: ClassVar[bool] = True
 
-    def __call__(self, v: np.ndarray, history: HistoryView, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
+    def __call__(
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
+    ) -> np.ndarray:
+        if history is None:
+            history = HistoryView.empty(v.shape[0])
         if len(history) != v.shape[0]:
             raise ValueError(f"history has {len(history)} rows for a pool of {v.shape[0]} prompts")
         alpha, beta = beta_posterior(history, v, self.config)
@@ -799,10 +848,11 @@ class PosteriorRoots:
 
 
 class RoundRule(Protocol):
-    """Sampling in rounds: before each round the rule sees what the earlier rounds produced and
-    returns the round's bare rollouts per candidate (all zeros: stop); after the last round it
-    says which groups the policy trains on (the group filter). The budget ``spec.total`` is a cap
-    for such a method, not an amount it must spend."""
+    """A group filter and the rounds that feed it: before each round the rule sees what the earlier
+    rounds produced and returns the round's bare rollouts per candidate (all zeros: stop); after
+    the last round it says which groups the policy trains on. The two halves are one rule because
+    the rounds exist to fill the filter (DAPO samples until enough groups pass it). The budget
+    ``spec.total`` is a cap for such a method, not an amount it must spend."""
 
     def next_round(
         self, v: np.ndarray, sampled: np.ndarray, mixed_groups: int, spent: int, spec: BudgetSpec,
@@ -871,13 +921,13 @@ class Method:
     Its rules are its fields, never something read off its name: a caller asks
     ``method.explores_roots``, not whether the name starts with "trace". A step takes from it
 
-    - the roots: ``root_rule``, or the ``history_rule`` when the caller keeps each candidate's
-      earlier outcomes (the rule's state across steps lives in the caller's
-      :class:`~trace_core.history.PromptHistory`, read through a
-      :class:`~trace_core.history.HistoryView`; ``root_rule`` is the same rule on an empty
-      history), then method §5's exploration where ``explores_roots`` (:meth:`allocate_roots`);
-    - or, with a ``round_rule``, bare rollouts in rounds and that rule's group filter (a caller
-      that cannot sample in rounds uses ``root_rule``, every round at once);
+    - the roots: ``root_rule``, one :class:`RootRule` whether or not it keeps state across steps
+      (``root_rule.reads_history``: the caller then hands it each candidate's earlier outcomes, a
+      :class:`~trace_core.history.HistoryView` of its :class:`~trace_core.history.PromptHistory`),
+      then method §5's exploration where ``explores_roots`` (:meth:`allocate_roots`);
+    - or, with a ``group_filter``, bare rollouts in rounds until that filter has its groups, and
+      only the groups it keeps trained on (a caller that cannot sample in rounds uses
+      ``root_rule``, every round at once);
     - the prefixes: ``prefix_rule`` (None: no expansion);
     - the advantages: ``default_advantage``, unless the run names another estimator
       (:meth:`advantage_estimator`)."""
@@ -894,18 +944,27 @@ class Method:
     # Either rule reads the success predictor's scores (PCL and TRACE's roots, TRACE's prefixes):
     # such a method is worth fitting the predictor for before RL (a warm-up); the others ignore it.
     uses_predictor: bool = False
-    # The root rule when the caller keeps a per-prompt history (GRESO, the posterior roots).
-    history_rule: HistoryRootRule | None = None
-    # Bare rollouts in rounds with a group filter (DAPO's dynamic sampling); no expansion.
-    round_rule: RoundRule | None = None
+    # The group filter (DAPO's dynamic sampling), which also schedules the bare rollouts in rounds
+    # until enough groups pass it; None: the roots come at once and every group is trained on. A
+    # method with one does not expand.
+    group_filter: RoundRule | None = None
     # The advantage estimator it trains with (a name of trace_core.advantages' registry) unless the
     # run names another: method §6's tree advantage for every method, so that methods differ by
     # what they sample, not by how they score it (TreePO's own advantage stays an option).
     default_advantage: str = "tree"
+    # The former spelling of a history-reading root rule, beside a memoryless ``root_rule``: given,
+    # it becomes ``root_rule`` (which treats no history as an empty one, as the old pair did), so
+    # ``dataclasses.replace(method, history_rule=rule)`` still works. Not stored; it reads None.
+    history_rule: InitVar[RootRule | None] = None
 
-    def __post_init__(self) -> None:
-        if self.round_rule is not None and self.prefix_rule is not None:
-            raise ValueError(f"method {self.name!r}: a round rule samples bare groups only; it cannot expand")
+    def __post_init__(self, history_rule: RootRule | None) -> None:
+        if history_rule is not None:
+            object.__setattr__(self, "root_rule", history_rule)
+        if not isinstance(self.root_rule, RootRule):
+            raise TypeError(f"method {self.name!r}: root_rule {self.root_rule!r} is no RootRule (it needs "
+                            "reads_history; wrap a plain (v, spec, rng) function in StatelessRoots)")
+        if self.group_filter is not None and self.prefix_rule is not None:
+            raise ValueError(f"method {self.name!r}: a group filter samples bare groups only; it cannot expand")
         try:
             get_advantage_estimator(self.default_advantage)
         except ValueError as err:
@@ -918,25 +977,28 @@ class Method:
     @property
     def reads_history(self) -> bool:
         """Whether the roots read the candidates' history (pass ``history`` to allocate_roots)."""
-        return self.history_rule is not None
+        return bool(self.root_rule.reads_history)
 
     @property
     def samples_in_rounds(self) -> bool:
-        return self.round_rule is not None
+        """Whether the roots come in rounds, for the group filter (run them with its ``next_round``)."""
+        return self.group_filter is not None
+
+    @property
+    def round_rule(self) -> RoundRule | None:
+        """The group filter under its former name, for readers that still use it."""
+        return self.group_filter
 
     def allocate_roots(
         self, v: object, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None,
         explore_fraction: float = 0.0,
     ) -> np.ndarray:
         """The step's bare rollouts per candidate. ``history`` (one row per candidate) is read by a
-        history rule and ignored otherwise; without it a history rule sees an empty history.
+        rule that reads history and ignored otherwise; without it such a rule sees an empty history.
         ``explore_fraction`` (method §5) re-splits the roots with :func:`explore_roots` when the
         method explores, and is ignored otherwise."""
         v = _as_probabilities(v, "v")
-        if self.history_rule is not None and history is not None:
-            m = self.history_rule(v, history, spec, rng)
-        else:
-            m = self.root_rule(v, spec, rng)
+        m = self.root_rule(v, spec, rng, history)
         expected = spec.roots_M if self.expands else spec.total
         if int(m.sum()) != expected:  # a loud guard on the equal-cost contract
             raise AssertionError(f"{self.name}: root allocation spends {int(m.sum())}, expected {expected}")
@@ -990,18 +1052,14 @@ register_method(Method("trace-root-only", roots_trace, prefixes_random, "exact m
 register_method(Method("trace-prefix-only", roots_uniform, prefixes_trace, "M/G random prompts × G; exact §3",
                        uses_predictor=True))
 
-_GRESO = GresoRoots()
-register_method(Method("greso", WithoutHistory(_GRESO), None,
-                       "GRESO: M(1+N)/G prompts × G, skipping prompts whose recent groups were all one outcome",
-                       history_rule=_GRESO))
+register_method(Method("greso", GresoRoots(), None,
+                       "GRESO: M(1+N)/G prompts × G, skipping prompts whose recent groups were all one outcome"))
 register_method(Method("dapo", roots_uniform_all, None,
                        "DAPO dynamic sampling: rounds of random prompts × G until B mixed groups or the budget; "
-                       "one-outcome groups dropped", round_rule=DynamicSampling()))
-_POSTERIOR = PosteriorRoots()
-register_method(Method("trace-posterior", WithoutHistory(_POSTERIOR), prefixes_trace,
+                       "one-outcome groups dropped", group_filter=DynamicSampling()))
+register_method(Method("trace-posterior", PosteriorRoots(), prefixes_trace,
                        "exact roots on a Beta posterior (predictor prior + own outcomes); exact method §3 prefixes",
-                       explores_roots=True, uses_predictor=True, history_rule=_POSTERIOR))
-_THOMPSON = PosteriorRoots(sample_posterior=True)
-register_method(Method("trace-posterior-thompson", WithoutHistory(_THOMPSON), prefixes_trace,
+                       explores_roots=True, uses_predictor=True))
+register_method(Method("trace-posterior-thompson", PosteriorRoots(sample_posterior=True), prefixes_trace,
                        "method §2 roots on one posterior draw per prompt; exact method §3 prefixes",
-                       explores_roots=True, uses_predictor=True, history_rule=_THOMPSON))
+                       explores_roots=True, uses_predictor=True))

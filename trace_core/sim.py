@@ -44,7 +44,7 @@ Two modes for the candidate pool:
   roots).
 
 Methods that sample in rounds (DAPO's dynamic sampling) run their rounds here: the bare groups of
-a round are rolled out before the next round is chosen; the round rule's group filter decides
+a round are rolled out before the next round is chosen; the method's group filter decides
 which groups count as trained (``StepResult.tree_kept``), and the budget is a cap for them.
 
 Sampling is vectorised over paths (a Python loop runs over the ≤ ``horizon_max`` turns); trees
@@ -591,13 +591,13 @@ def run_step(
     equal-budget contract of method §4; a method that samples in rounds may stop short of it).
 
     ``pool``: a :class:`PersistentPool` to draw the candidates from (default: fresh i.i.d.
-    prompts); ``history``: the run's per-prompt record, read by history rules and updated with the
+    prompts); ``history``: the run's per-prompt record, read by a root rule that reads history and updated with the
     step's bare root outcomes (persistent pool only: i.i.d. prompts never recur);
     ``explore_fraction``: method §5's root exploration, applied by the methods that explore (as
     the trainer's ``predictor.explore_fraction``; 0: none).
 
-    Every rule comes from ``method``, as in the trainer: its roots (history rule, exploration),
-    its rounds and group filter, its prefix rule and its default advantage estimator; the
+    Every rule comes from ``method``, as in the trainer: its root rule (with the history where it
+    reads one), exploration, its group filter and rounds, its prefix rule and its default advantage estimator; the
     metrics carry the trainer's names (:func:`simulator_metrics`)."""
     config = config or SimConfig()
     method = get_method(method) if isinstance(method, str) else method
@@ -625,12 +625,13 @@ def run_step(
     root_batch = HistoryBatch(prompts.feature, np.full((B, H), np.nan), np.zeros(B, dtype=np.int64), prompts.p0)
     v = _checked_scores(predictor.score(root_batch), B, "root")
     rounds, sample_rank = 1, None
-    if method.round_rule is None:
+    if method.group_filter is None:
         view = history.view(ids, step) if (history is not None and method.reads_history) else None
         m = np.asarray(method.allocate_roots(v, spec, rng, history=view, explore_fraction=explore_fraction),
                        dtype=np.int64)
     else:
-        m, bare_prompt, bare, rounds, sample_rank = _sample_in_rounds(method.round_rule, v, prompts, spec, config, rng)
+        m, bare_prompt, bare, rounds, sample_rank = _sample_in_rounds(method.group_filter, v, prompts, spec, config,
+                                                                      rng)
     prefix_budget = m * N if method.expands else np.zeros(B, dtype=np.int64)
     planned = int(m.sum() + prefix_budget.sum())
     if planned != spec.total and not (method.samples_in_rounds and planned <= spec.total):
@@ -638,7 +639,7 @@ def run_step(
     selected = np.flatnonzero(m)
 
     # ---- bare rollouts, grouped by prompt in pool order
-    if method.round_rule is None:
+    if method.group_filter is None:
         bare_prompt = np.repeat(selected, m[selected])
         bare = simulate_paths(prompts.p0[bare_prompt], np.zeros(bare_prompt.size, dtype=np.int64),
                               prompts.horizon[bare_prompt], config, rng)
@@ -695,12 +696,12 @@ def run_step(
         raise AssertionError(f"{method.name}: trees hold {trajectories} trajectories != {planned}")
     turns = sum(len(t.nodes) - 1 for t in trees)
     mixed = np.array([_holds_both(t) for t in trees], dtype=bool)
-    if method.round_rule is None:
+    if method.group_filter is None:
         kept = np.ones(len(trees), dtype=bool)
     else:  # the group filter sees the groups in sampling order
         by_rank = np.argsort(sample_rank[selected], kind="stable")
         kept = np.zeros(len(trees), dtype=bool)
-        kept[by_rank] = np.asarray(method.round_rule.keep_groups(mixed[by_rank], spec), dtype=bool)
+        kept[by_rank] = np.asarray(method.group_filter.keep_groups(mixed[by_rank], spec), dtype=bool)
     result = StepResult(
         method=method.name, trees=trees, tree_prompt=selected, pool_m=m, pool_pred=v, pool_value=prompts.p0,
         root_extra=root_extra, anchor_prompt=anchor_prompt, anchor_node=anchor_node, anchor_turn=anchor_turn,

@@ -15,9 +15,9 @@ scorer; ``None`` for bare groups only: measurements, evaluation), the executor
    anchor's history (one request with ``n = K``; the prefix is reused from the cache);
 4. a prompt without anchors spends its ``m_i·N`` on extra root rollouts (method §3).
 
-A method that samples in rounds (DAPO's dynamic sampling: ``Method.round_rule``) runs through
+A method that samples in rounds (DAPO's dynamic sampling: ``Method.group_filter``) runs through
 :meth:`TreeRolloutExecutor.run_in_rounds`: one :meth:`~TreeRolloutExecutor.run` per round, bare
-groups only, each round chosen after the earlier ones finished, then the rule's group filter.
+groups only, each round chosen after the earlier ones finished, then the group filter itself.
 
 Every method of the allocation registry runs through this one executor, so budgets are
 comparable: each step reports trajectories and generated tokens per prompt.
@@ -443,7 +443,7 @@ class TreeRolloutExecutor:
         rng: np.random.Generator,
         sampling_seed: int | None = None,
     ) -> RoundsResult:
-        """Bare groups in rounds with ``method.round_rule`` (DAPO's dynamic sampling), at most
+        """Bare groups in rounds with ``method.group_filter`` (DAPO's dynamic sampling), at most
         ``spec.total`` rollouts. Before each round the rule sees the candidates sampled so far,
         the mixed groups so far and the rollouts spent, and returns the round's ``m`` (all zeros:
         stop); each round is one :meth:`run` without expansion, finished before the next is
@@ -454,7 +454,7 @@ class TreeRolloutExecutor:
 
         Raises AssertionError if the rounds would spend more than ``spec.total``, ValueError for
         a malformed round (a prompt sampled twice, ``m = 1``, a wrong length)."""
-        rule = method.round_rule
+        rule = method.group_filter
         if rule is None:
             raise ValueError(f"method {method.name!r} has no round rule: use run()")
         v = np.asarray(v, dtype=np.float64)

@@ -4,12 +4,12 @@
     prompt-local prefix expansion → rewards → tree-backed targets → predictor update →
     tree-aware advantages → policy update → weights to the rollout engine → checkpoint → log
 
-Two method properties change the middle of that line, never the method's name: a history rule
-(``method.reads_history``: GRESO, the posterior-aware roots) reads the run's
+Two method properties change the middle of that line, never the method's name: a root rule that
+reads history (``method.reads_history``: GRESO, the posterior-aware roots) is handed the run's
 :class:`~trace_core.history.PromptHistory` of bare root outcomes, which every step records and
-every checkpoint keeps; a round rule (``method.samples_in_rounds``: DAPO) replaces allocation and
-expansion by rounds of bare groups and a group filter, whose dropped groups are paid for (budget,
-rollouts, effective ratio) but not trained on.
+every checkpoint keeps; a group filter (``method.samples_in_rounds``: DAPO) replaces allocation
+and expansion by rounds of bare groups, whose dropped groups are paid for (budget, rollouts,
+effective ratio) but not trained on.
 
 A step is logged only after its checkpoint is written, and the tracker's spool resends what a
 crash left unsent, so a resumed run continues the same MLflow run with no step missing or twice.
@@ -329,7 +329,7 @@ class Trainer:
 
     def _allocate_roots(self, pool: list[Task], v: np.ndarray, step: int) -> np.ndarray:
         """The step's bare rollouts per candidate: the method's root rule, reading the candidates'
-        history when it is a history rule, then ``explore_fraction`` where the method explores."""
+        history when the rule reads one, then ``explore_fraction`` where the method explores."""
         view = self.prompt_history.view([t.id for t in pool], step) if self.method.reads_history else None
         return self.method.allocate_roots(v, self.spec, self.rng, history=view,
                                           explore_fraction=self.cfg.predictor.explore_fraction)
