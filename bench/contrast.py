@@ -134,7 +134,7 @@ class Task:
 
 
 def run_task(task: Task) -> dict:
-    from trace_core.allocation import BudgetSpec, PosteriorRoots, WithoutHistory, get_method
+    from trace_core.allocation import BudgetSpec, PosteriorRoots, get_method
     from trace_core.history import PosteriorConfig, PromptHistory
     from trace_core.sim import PersistentPool, SimConfig, make_predictor, run_step
 
@@ -146,7 +146,7 @@ def run_task(task: Task) -> dict:
     method = get_method(task.method)
     if task.posterior is not None:  # the sweep: the same method with another posterior configuration
         rule = PosteriorRoots(PosteriorConfig(*task.posterior))
-        method = dataclasses.replace(method, root_rule=WithoutHistory(rule), history_rule=rule)
+        method = dataclasses.replace(method, root_rule=rule)
     pool = history = None
     if task.mode == "persistent":  # one dataset per cell, shared by every row of it
         pool = PersistentPool(spec.pool_size, config, seed=int(np.random.SeedSequence([*cell, 7]).generate_state(1)[0]))
@@ -291,7 +291,7 @@ def protocol(args: argparse.Namespace) -> dict:
     from trace_core.history import GresoConfig, PosteriorConfig
     from trace_core.sim import LearnedPredictorConfig, PersistentPoolConfig, SimConfig
 
-    dapo = get_method("dapo").round_rule
+    dapo = get_method("dapo").group_filter
     return {
         "sim_config": dataclasses.asdict(SimConfig()),
         "persistent_pool": dataclasses.asdict(PersistentPoolConfig()),

@@ -553,15 +553,14 @@ def test_every_root_rule_is_one_interface_that_says_whether_it_reads_history():
         Method("x", lambda v, spec, rng: np.zeros(v.shape[0], dtype=np.int64), None, "")
 
 
-def test_the_former_history_rule_spelling_becomes_the_root_rule():
-    """``replace(method, root_rule=WithoutHistory(rule), history_rule=rule)`` (the old pair) still
-    gives a method whose one root rule is ``rule``; the group filter reads as ``round_rule`` too."""
+def test_a_sweep_swaps_the_one_root_rule():
+    """A configuration sweep replaces the one root rule; ``replace`` keeps it otherwise."""
     rule = PosteriorRoots(PosteriorConfig(prior_strength=2.0))
-    method = dataclasses.replace(get_method("trace-posterior"), root_rule=WithoutHistory(rule), history_rule=rule)
+    method = dataclasses.replace(get_method("trace-posterior"), root_rule=rule)
     assert method.root_rule is rule and method.reads_history
-    assert dataclasses.replace(method, description="same").root_rule is rule  # replace keeps it
+    assert dataclasses.replace(method, description="same").root_rule is rule
     assert dataclasses.replace(method, root_rule=roots_trace).root_rule is roots_trace
-    assert get_method("dapo").round_rule is get_method("dapo").group_filter is not None
+    assert get_method("dapo").group_filter is not None and get_method("grpo").group_filter is None
 
 
 def test_explore_roots_keeps_the_budget() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -952,14 +952,7 @@ class Method:
     # run names another: method §6's tree advantage for every method, so that methods differ by
     # what they sample, not by how they score it (TreePO's own advantage stays an option).
     default_advantage: str = "tree"
-    # The former spelling of a history-reading root rule, beside a memoryless ``root_rule``: given,
-    # it becomes ``root_rule`` (which treats no history as an empty one, as the old pair did), so
-    # ``dataclasses.replace(method, history_rule=rule)`` still works. Not stored; it reads None.
-    history_rule: InitVar[RootRule | None] = None
-
-    def __post_init__(self, history_rule: RootRule | None) -> None:
-        if history_rule is not None:
-            object.__setattr__(self, "root_rule", history_rule)
+    def __post_init__(self) -> None:
         if not isinstance(self.root_rule, RootRule):
             raise TypeError(f"method {self.name!r}: root_rule {self.root_rule!r} is no RootRule (it needs "
                             "reads_history; wrap a plain (v, spec, rng) function in StatelessRoots)")
@@ -983,11 +976,6 @@ class Method:
     def samples_in_rounds(self) -> bool:
         """Whether the roots come in rounds, for the group filter (run them with its ``next_round``)."""
         return self.group_filter is not None
-
-    @property
-    def round_rule(self) -> RoundRule | None:
-        """The group filter under its former name, for readers that still use it."""
-        return self.group_filter
 
     def allocate_roots(
         self, v: object, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None,
