@@ -15,7 +15,7 @@ from typing import Any, Literal
 from trace_core.config import from_dict, to_dict
 from trace_core.training.config import TrainConfig
 
-# What the embedded default changes in TrainConfig's own defaults: two CPU cores, a ~2M-parameter
+# What the embedded default changes in TrainConfig's own defaults: two CPU cores, a ~0.74M-parameter
 # warm-started policy, a few short steps per method, on the embedded testbed (multi-hop QA; see
 # trace_core.warmstart.testbed): the RL pool is the testbed's pool, the predictor is fitted first
 # on its warm-up split. "{testbed}" is the warm-start step's testbed folder, filled in by the
