@@ -649,7 +649,11 @@ def test_bfcl_prefix_restore_reproduces_backend_state() -> None:
 def test_bfcl_episodes_of_a_warm_started_policy_have_mixed_rewards(warm_fc_checkpoint: Path) -> None:
     from conftest import WARM_FC_TASKS
 
-    agent = AgentConfig(max_turns=24, max_new_tokens=160, max_total_tokens=8192, temperature=1.0)
+    # T = 0.5, not 1: an episode is thousands of tokens over several user turns, and how sharply a
+    # two-task fit reproduces them varies with the CPU's float kernels; at T = 1 one derailed token
+    # in the tail fails every episode on some machines (all 8 failed on one, with the fit's loss
+    # under 0.05), at T = 0.5 the right demonstration is reproduced and the wrong one is not.
+    agent = AgentConfig(max_turns=24, max_new_tokens=160, max_total_tokens=8192, temperature=0.5)
     factory = make_env_factory("fc", FCEnvConfig())
     rewards, result = warm_policy_trees(warm_fc_checkpoint, "fc", factory, agent, WARM_FC_TASKS, m=2)
     print("fc rewards", rewards)
