@@ -867,6 +867,21 @@ class RoundRule(Protocol):
         ...
 
 
+def next_checked_round(
+    rule: RoundRule, v: np.ndarray, m: np.ndarray, mixed_groups: int, spec: BudgetSpec, rng: np.random.Generator,
+) -> np.ndarray:
+    """The rule's next round (int64, one entry per candidate) after the rounds that gave ``m``
+    rollouts per candidate, checked against the round contract the trainer's executor and the
+    simulator both rely on: fresh candidates only, 0 or >= 2 rollouts each, and never past the
+    budget cap ``spec.total``. ValueError for a malformed round, AssertionError for an overspend."""
+    m_r = np.asarray(rule.next_round(v, m > 0, mixed_groups, int(m.sum()), spec, rng), dtype=np.int64)
+    if m_r.shape != m.shape or np.any(m_r < 0) or np.any(m_r == 1) or np.any((m_r > 0) & (m > 0)):
+        raise ValueError("a round must give fresh prompts 0 or >= 2 rollouts each, one entry per candidate")
+    if int(m.sum() + m_r.sum()) > spec.total:
+        raise AssertionError(f"rounds spend {int(m.sum() + m_r.sum())} > the budget {spec.total}")
+    return m_r
+
+
 @dataclass(frozen=True)
 class DynamicSamplingConfig:
     """DAPO's dynamic sampling at an equal budget. Pinned defaults."""
@@ -952,6 +967,7 @@ class Method:
     # run names another: method §6's tree advantage for every method, so that methods differ by
     # what they sample, not by how they score it (TreePO's own advantage stays an option).
     default_advantage: str = "tree"
+
     def __post_init__(self) -> None:
         if not isinstance(self.root_rule, RootRule):
             raise TypeError(f"method {self.name!r}: root_rule {self.root_rule!r} is no RootRule (it needs "

@@ -61,7 +61,7 @@ from typing import Protocol
 import numpy as np
 
 from trace_core.advantages import AdvantageEstimator
-from trace_core.allocation import BudgetSpec, Method, RoundRule, get_method
+from trace_core.allocation import BudgetSpec, Method, RoundRule, get_method, next_checked_round
 from trace_core.history import PromptHistory
 from trace_core.metrics import allocation_stats, predictor_spearman, spearman, step_metrics
 from trace_core.tree import ROOT, RolloutTree
@@ -740,13 +740,9 @@ def _sample_in_rounds(
     parts: list[tuple[np.ndarray, Paths]] = []
     mixed = rounds = 0
     while True:
-        m_r = np.asarray(rule.next_round(v, m > 0, mixed, int(m.sum()), spec, rng), dtype=np.int64)
-        if m_r.shape != (B,) or np.any(m_r < 0) or np.any(m_r == 1) or np.any((m_r > 0) & (m > 0)):
-            raise ValueError("a round must give fresh prompts 0 or >= 2 rollouts each, one entry per candidate")
+        m_r = next_checked_round(rule, v, m, mixed, spec, rng)
         if not m_r.any():
             break
-        if int(m.sum() + m_r.sum()) > spec.total:
-            raise AssertionError(f"rounds spend {int(m.sum() + m_r.sum())} > the budget {spec.total}")
         sel = np.flatnonzero(m_r)
         bp = np.repeat(sel, m_r[sel])
         paths = simulate_paths(prompts.p0[bp], np.zeros(bp.size, dtype=np.int64), prompts.horizon[bp], config, rng)

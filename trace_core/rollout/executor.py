@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import BudgetSpec, Method
+from trace_core.allocation import BudgetSpec, Method, next_checked_round
 from trace_core.metrics import is_success
 from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
 from trace_core.rollout.engine import Completion, GenerationRequest, RolloutEngine, Sample, SamplingConfig
@@ -465,14 +465,9 @@ class TreeRolloutExecutor:
         parts: list[RolloutResult] = []
         mixed = 0
         while True:
-            m_r = np.asarray(rule.next_round(v, m > 0, mixed, int(m.sum()), spec, rng), dtype=np.int64)
-            if m_r.shape != (B,) or np.any(m_r < 0) or np.any(m_r == 1) or np.any((m_r > 0) & (m > 0)):
-                raise ValueError("a round must give fresh prompts 0 or >= 2 rollouts each, one entry per task")
+            m_r = next_checked_round(rule, v, m, mixed, spec, rng)
             if not m_r.any():
                 break
-            if int(m.sum() + m_r.sum()) > spec.total:
-                raise AssertionError(f"{method.name}: rounds spend {int(m.sum() + m_r.sum())} > the budget "
-                                     f"{spec.total}")
             part = self.run(tasks, m_r.tolist(), None, rng, sampling_seed=sampling_seed)
             mixed += sum(_holds_both(t) for t in part.trees)
             parts.append(part)
