@@ -66,9 +66,14 @@ ROW_KEYS = ("effective_ratio", "contrastive_yield", "mixed_groups_per_100_rollou
             "prefix_effective_ratio", "alloc/skipped_share", "budget/generated_tokens")
 COUNT_KEYS = ("counts/rollouts", "counts/mixed_groups", "counts/mixed_groups_trained", "counts/activated",
               "counts/dropped_groups", "counts/dropped_rollouts")
-TABLE = ["method", "effective_ratio", "contrastive_yield", "rollouts_per_mixed_group", "mixed_groups_per_100_rollouts",
+TABLE = ["method", "seeds", "effective_ratio", "effective_ratio_ci90", "contrastive_yield",
+         "rollouts_per_mixed_group", "mixed_groups_per_100_rollouts",
          "prefix_effective_ratio", "skipped_share", "dropped_rollouts", "pool_success_start", "pool_success_end",
          "rollouts", "warmup_rollouts"]
+# Rows made at different commits share one table only because the golden test pins every
+# method's steps (trees, allocations, metrics) across them; each reused row names its commit.
+EQUIVALENCE = ("rows reused from records made at another commit (reused_records) are tabled with this commit's "
+               "because tests/test_golden.py pins every method's first steps across those commits")
 RECORD = "bench_record.json"  # a finished run's record: run_one's result, the commit and the settings
 STARTED = "bench_settings.json"  # the commit and settings a run folder was started with
 
@@ -238,7 +243,28 @@ def rollouts_to_reach(run: dict, target: float) -> float | None:
     return None
 
 
+def _totals(run: dict, key: str) -> float:
+    return float(sum(run["series"][key]))
+
+
+def _mean_finite(values: list[float]) -> float:
+    finite = [x for x in values if np.isfinite(x)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def yield_count(run: dict) -> float:
+    """Rollouts with a nonzero own-node advantage, summed over steps (each step's yield is that
+    step's rollouts with one, per 100 rollouts)."""
+    return float(sum(y / 100 * n for y, n in zip(run["series"]["contrastive_yield"], run["series"]["counts/rollouts"],
+                                           strict=True)))
+
+
 def summarise(runs: list[dict], variants: list[str], pool_k: int, pool_size: int) -> tuple[list[dict], dict]:
+    """One row per method: every ratio pooled as counts over steps and seeds with its 90% Wilson
+    interval (``learning_table.pooled``), the per-seed values beside it. The prefix effective
+    ratio is the mean over steps (the series hold no per-step anchor counts)."""
+    from learning_table import pooled
+
     rows = []
     grpo = [r for r in runs if r["variant"] == "grpo"]
     grpo_final = float(np.mean([r["pool_success"][-1]["success"] for r in grpo]))
@@ -247,65 +273,107 @@ def summarise(runs: list[dict], variants: list[str], pool_k: int, pool_size: int
     # The measurement's standard error: a mean over pool_size prompts x k Bernoulli samples.
     se = float(np.sqrt(max(grpo_final * (1 - grpo_final), 1e-12) / (pool_size * pool_k)) * np.sqrt(2))
     for v in variants:
-        mine = [r for r in runs if r["variant"] == v]
-        row: dict = {"method": v}
-        for key in (*ROW_KEYS, "wall_s"):
-            per_seed = [float(np.nanmean(r["series"][key])) if key != "wall_s" else r["wall_s"] for r in mine]
-            name = key.split("/")[-1]
-            row[name] = float(np.mean(per_seed))
-            row[f"{name}_std"] = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else None
-        # The price of contrast pooled over the steps, as counts: every rollout spent (dropped
-        # groups included) over the mixed groups the policy trained on, and mixed groups per 100.
-        rollouts = [float(sum(r["series"]["counts/rollouts"])) for r in mine]
-        mixed = [float(sum(r["series"]["counts/mixed_groups_trained"])) for r in mine]
-        per_group = [n / k if k else float("nan") for n, k in zip(rollouts, mixed, strict=True)]
-        per_100 = [100 * k / n if n else float("nan") for n, k in zip(rollouts, mixed, strict=True)]
-        for name, values in (("rollouts_per_mixed_group", per_group), ("mixed_groups_per_100_rollouts", per_100)):
-            row[name] = float(np.mean(values))
-            row[f"{name}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else None
-        row["dropped_rollouts"] = float(np.mean([sum(r["series"]["counts/dropped_rollouts"]) for r in mine]))
-        row["pool_success_start"] = float(np.mean([r["pool_success"][0]["success"] for r in mine]))
-        row["pool_success_end"] = float(np.mean([r["pool_success"][-1]["success"] for r in mine]))
-        row["rollouts"] = float(np.mean(rollouts))
-        row["warmup_rollouts"] = float(np.mean([r["warmup_rollouts"] for r in mine]))
+        mine = sorted((r for r in runs if r["variant"] == v), key=lambda r: r["seed"])
+        eff = pooled((_totals(r, "counts/mixed_groups") for r in mine), (_totals(r, "counts/activated") for r in mine))
+        yld = pooled((yield_count(r) for r in mine), (_totals(r, "counts/rollouts") for r in mine))
+        per_rollout = pooled((_totals(r, "counts/mixed_groups_trained") for r in mine),
+                             (_totals(r, "counts/rollouts") for r in mine))
+        rollouts = [_totals(r, "counts/rollouts") for r in mine]
+        mixed = [_totals(r, "counts/mixed_groups_trained") for r in mine]
+        tokens = [_totals(r, "budget/generated_tokens") for r in mine]
+        row: dict = {
+            "method": v, "seeds": [int(r["seed"]) for r in mine],
+            "effective_ratio": eff["value"], "effective_ratio_ci90": eff["ci90"],
+            "effective_ratio_per_seed": [_totals(r, "counts/mixed_groups") / _totals(r, "counts/activated")
+                                         for r in mine],
+            "contrastive_yield": 100 * yld["value"], "contrastive_yield_ci90": [100 * c for c in yld["ci90"]],
+            "mixed_groups_per_100_rollouts": 100 * per_rollout["value"],
+            "mixed_groups_per_100_rollouts_ci90": [100 * c for c in per_rollout["ci90"]],
+            "mixed_groups_per_1000_tokens": 1000 * sum(mixed) / sum(tokens),
+            "rollouts_per_mixed_group": sum(rollouts) / sum(mixed) if sum(mixed) else float("nan"),
+            "prefix_effective_ratio": _mean_finite([x for r in mine for x in r["series"]["prefix_effective_ratio"]]),
+            "skipped_share": float(np.mean([x for r in mine for x in r["series"]["alloc/skipped_share"]])),
+            "generated_tokens": float(np.mean(tokens)) / len(mine[0]["series"]["counts/rollouts"]),
+            "dropped_rollouts": float(np.mean([sum(r["series"]["counts/dropped_rollouts"]) for r in mine])),
+            "pool_success_start": float(np.mean([r["pool_success"][0]["success"] for r in mine])),
+            "pool_success_end": float(np.mean([r["pool_success"][-1]["success"] for r in mine])),
+            "rollouts": float(np.mean(rollouts)),
+            "warmup_rollouts": float(np.mean([r["warmup_rollouts"] for r in mine])),
+        }
         reach = [rollouts_to_reach(r, grpo_final) for r in mine]
         row["rollouts_to_grpo_final"] = (None if any(x is None for x in reach) else
                                          {"warmup_excluded": float(np.mean(reach)),
                                           "warmup_included": float(np.mean(reach)) + row["warmup_rollouts"]})
-        row["seeds"] = len(mine)
         rows.append(row)
     return rows, {"grpo_final": grpo_final, "grpo_start": grpo_start, "grpo_rollouts": grpo_rollouts,
                   "measurement_se": se, "grpo_gain_measurable": (grpo_final - grpo_start) > 3 * se}
 
 
-def judge(rows: list[dict], pool: dict) -> dict[str, str]:
+def matched_ratio(runs: list[dict], a: str, b: str, num: str, den: str) -> tuple[float, float, list[int]]:
+    """Pooled ``num/den`` of methods ``a`` and ``b`` over the seeds both have, and those seeds."""
+    seeds = sorted({r["seed"] for r in runs if r["variant"] == a} & {r["seed"] for r in runs if r["variant"] == b})
+
+    def ratio(v: str) -> float:
+        mine = [r for r in runs if r["variant"] == v and r["seed"] in seeds]
+        top = sum(yield_count(r) if num == "yield" else _totals(r, num) for r in mine)
+        return top / sum(_totals(r, den) for r in mine)
+
+    return ratio(a), ratio(b), seeds
+
+
+def judge(rows: list[dict], pool: dict, runs: list[dict]) -> dict[str, str]:
+    """The fixed targets, each over the seeds both compared methods have, on unrounded values."""
     by = {r["method"]: r for r in rows}
-    tr, gr = by["trace"], by["grpo"]
-    out = {"trace effective ratio >= 1.8x grpo":
-           f"{tr['effective_ratio']:.3f} vs {gr['effective_ratio']:.3f} "
-           f"({tr['effective_ratio'] / gr['effective_ratio']:.2f}x)",
-           "trace contrastive yield >= 1.5x grpo":
-           f"{tr['contrastive_yield']:.1f} vs {gr['contrastive_yield']:.1f} "
-           f"({tr['contrastive_yield'] / gr['contrastive_yield']:.2f}x)"}
-    for key, value in list(out.items()):
-        ratio = float(value.rsplit("(", 1)[1].rstrip("x)"))
-        out[key] = ("PASS " if ratio >= (1.8 if "effective" in key else 1.5) else "MISS ") + value
+    out = {}
+    for name, num, den, target in (("trace effective ratio >= 1.8x grpo", "counts/mixed_groups", "counts/activated",
+                                    1.8),
+                                   ("trace contrastive yield >= 1.5x grpo", "yield", "counts/rollouts", 1.5)):
+        tr, gr, seeds = matched_ratio(runs, "trace", "grpo", num, den)
+        out[name] = ("PASS " if tr / gr >= target else "MISS ") + (
+            f"{tr:.4f} vs {gr:.4f} ({tr / gr:.3f}x, seeds {seeds})")
     if all(a in by for a in (*ABLATIONS, "treepo")):
-        order = (all(tr["effective_ratio"] > by[a]["effective_ratio"] for a in ABLATIONS)
-                 and all(by[a]["effective_ratio"] > by["treepo"]["effective_ratio"] for a in ABLATIONS))
+        seeds = sorted(set.intersection(*({r["seed"] for r in runs if r["variant"] == m}
+                                          for m in ("trace", *ABLATIONS, "treepo"))))
+        eff = {m: matched_ratio([r for r in runs if r["seed"] in seeds], m, m, "counts/mixed_groups",
+                                "counts/activated")[0] for m in ("trace", *ABLATIONS, "treepo")}
+        order = (all(eff["trace"] > eff[a] for a in ABLATIONS) and all(eff[a] > eff["treepo"] for a in ABLATIONS))
         out["ablation order trace > each single > treepo"] = ("PASS " if order else "MISS ") + ", ".join(
-            f"{m} {by[m]['effective_ratio']:.3f}" for m in ("trace", *ABLATIONS, "treepo"))
+            f"{m} {eff[m]:.4f}" for m in eff) + f" (seeds {seeds})"
+    if "pcl" in by:
+        figures = []
+        for label, num, den in (("effective ratio", "counts/mixed_groups", "counts/activated"),
+                                ("yield", "yield", "counts/rollouts"),
+                                ("mixed groups per rollout", "counts/mixed_groups_trained", "counts/rollouts")):
+            tr, pc, seeds = matched_ratio(runs, "trace", "pcl", num, den)
+            figures.append(f"{label} {tr:.4f} vs {pc:.4f}")
+        out["trace vs pcl (reported, no target)"] = ", ".join(figures) + f" (seeds {seeds})"
     if not pool["grpo_gain_measurable"]:
         out["trace reaches grpo final pool success with <= 70% of its rollouts"] = (
             f"not measurable at this size (grpo {pool['grpo_start']:.3f} -> {pool['grpo_final']:.3f}, "
             f"3 SE = {3 * pool['measurement_se']:.3f})")
     else:
-        reach = tr["rollouts_to_grpo_final"]
+        reach = by["trace"]["rollouts_to_grpo_final"]
         share = None if reach is None else reach["warmup_excluded"] / pool["grpo_rollouts"]
         out["trace reaches grpo final pool success with <= 70% of its rollouts"] = (
             ("PASS " if share is not None and share <= 0.7 else "MISS ")
             + ("never reached" if share is None else f"{100 * share:.0f}% of grpo's rollouts (warm-up excluded)"))
     return out
+
+
+def retable(path: Path) -> dict:
+    """The table of a results file recomputed from its own per-run series (nothing else read):
+    rows, pool-success measurement and targets. Returns the recomputed file."""
+    data = json.loads(path.read_text())
+    old_rows = {r["method"]: r for r in data["rows"]}
+    runs = []
+    for name, series in data["series"].items():
+        variant, seed = name.rsplit("/seed", 1)
+        warmup = series.get("warmup_rollouts", old_rows[variant]["warmup_rollouts"])
+        runs.append({"variant": variant, "seed": int(seed), "series": series, "pool_success": series["pool_success"],
+                     "warmup_rollouts": warmup})
+    variants = [r["method"] for r in data["rows"]]
+    rows, pool = summarise(runs, variants, data["budget"]["pool_k"], data.get("pool_size", 128))
+    return {**data, "rows": rows, "pool_success_measurement": pool, "targets": judge(rows, pool, runs)}
 
 
 def plot(runs: list[dict], variants: list[str], path: Path) -> None:
@@ -322,7 +390,7 @@ def plot(runs: list[dict], variants: list[str], path: Path) -> None:
     for i, v in enumerate(variants):
         mine = [r for r in runs if r["variant"] == v]
         colour = colours(i % 20)
-        per_seed = [float(np.nanmean(r["series"]["effective_ratio"])) for r in mine]
+        per_seed = [_totals(r, "counts/mixed_groups") / _totals(r, "counts/activated") for r in mine]
         axes[0].bar(i, np.mean(per_seed), color=colour)
         axes[0].scatter([i] * len(per_seed), per_seed, color="black", s=10, zorder=3)
         eff = np.nanmean([r["series"]["effective_ratio"] for r in mine], axis=0)
@@ -331,7 +399,7 @@ def plot(runs: list[dict], variants: list[str], path: Path) -> None:
         y = np.mean([pool_curve(r)[1] for r in mine], axis=0)
         axes[2].plot(x, y, marker="o", ms=3, color=colour, label=v)
     axes[0].set_xticks(range(len(variants)), variants, rotation=45, ha="right", fontsize=8)
-    axes[0].set(ylabel="effective ratio (mean over steps)", ylim=(0, 1),
+    axes[0].set(ylabel="effective ratio (pooled over steps)", ylim=(0, 1),
                 title="Effective ratio per method (dots: seeds)")
     axes[1].set(xlabel="step", ylabel="effective ratio", ylim=(0, 1), title="Per step (mean over seeds)")
     axes[2].set(xlabel="training rollouts", ylabel="pool success", title="Pool success (same seeds for all)")
@@ -370,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seeds for the ablations and treepo (default: --seeds)")
     ap.add_argument("--out-dir", default="runs/bench_train_compare")
     ap.add_argument("--out", type=Path, default=Path("bench/results/train_compare.json"))
+    ap.add_argument("--retable", type=Path, default=None, metavar="RESULTS",
+                    help="run nothing: recompute a results file's table from its own per-run series and rewrite it")
     return ap
 
 
@@ -436,14 +506,11 @@ def make_runs(args: argparse.Namespace, variants: list[str], commit: str | None,
 def print_comparison(rows: list[dict], targets: dict[str, str]) -> None:
     from bench_tables import print_table
 
-    print_table(rows, TABLE)
+    shown = [{**r, "seeds": len(r["seeds"]),
+              "effective_ratio_ci90": "[{:.3f}, {:.3f}]".format(*r["effective_ratio_ci90"])} for r in rows]
+    print_table(shown, TABLE)
     for name, verdict in targets.items():
         print(f"  {name}: {verdict}")
-    by = {r["method"]: r for r in rows}
-    if "pcl" in by:
-        print("  trace vs pcl: " + ", ".join(f"{k} {by['trace'][k]:.3f} vs {by['pcl'][k]:.3f}" for k in
-                                          ("effective_ratio", "contrastive_yield", "rollouts_per_mixed_group",
-                                           "pool_success_end")))
 
 
 def write_results(args: argparse.Namespace, commit: str | None, reused: dict[str, str], testbed: dict,
@@ -455,12 +522,20 @@ def write_results(args: argparse.Namespace, commit: str | None, reused: dict[str
         "budget": {"M": args.roots_M, "N": args.expansion_N, "G": 8, "steps": args.steps, "seeds": args.seeds,
                    "pool_k": args.pool_k},
         "rows": rows, "pool_success_measurement": pool, "targets": targets,
-        "series": {f"{r['variant']}/seed{r['seed']}": {**r["series"], "pool_success": r["pool_success"]}
+        "pool_size": len(testbed["pool"]), "provenance": EQUIVALENCE,
+        "series": {f"{r['variant']}/seed{r['seed']}": {**r["series"], "pool_success": r["pool_success"],
+                                                       "warmup_rollouts": r["warmup_rollouts"]}
                    for r in runs}, "wall_s": wall}, indent=1, default=float))
 
 
 def main() -> None:
     args, variants = parse_args()
+    if args.retable is not None:
+        data = retable(args.retable)
+        print_comparison(data["rows"], data["targets"])
+        args.retable.write_text(json.dumps(data, indent=1, default=float))
+        print(f"recomputed {args.retable} from its own series")
+        return
     testbed = load_testbed(args.testbed)
     t0 = time.perf_counter()
     commit = git_commit()
@@ -470,7 +545,7 @@ def main() -> None:
         return
     variants = [v for v in variants if any(r["variant"] == v for r in runs)]
     rows, pool = summarise(runs, variants, args.pool_k, len(testbed["pool"]))
-    targets = judge(rows, pool)
+    targets = judge(rows, pool, runs)
     print_comparison(rows, targets)
     write_results(args, commit, reused, testbed, rows, pool, targets, runs, time.perf_counter() - t0)
     plot(runs, variants, args.out.with_suffix(".png"))

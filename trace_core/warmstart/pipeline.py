@@ -196,7 +196,13 @@ def ensure_qa_index(data_dir: str | Path, index_dir: str | Path) -> Path:
 def build_testbed(config: WarmStartConfig, out: Path) -> list[Script]:
     """Draw the testbed from the QA training split, write its two question files and its plan
     under ``out``, and return the plan's scripts (observed through the real retriever)."""
-    from trace_core.warmstart.testbed import draw_testbed, read_rows, testbed_scripts, write_split
+    from trace_core.warmstart.testbed import (
+        draw_testbed,
+        read_rows,
+        testbed_scripts,
+        warm_start_code_digest,
+        write_split,
+    )
 
     assert config.testbed is not None
     data = Path(config.data_dir)
@@ -204,7 +210,8 @@ def build_testbed(config: WarmStartConfig, out: Path) -> list[Script]:
     testbed = draw_testbed(rows, config.testbed, md5)
     write_split(rows, testbed.pool, out / "pool.jsonl")
     write_split(rows, testbed.warmup, out / "warmup.jsonl")
-    (out / "testbed.json").write_text(json.dumps(testbed.to_json(), indent=1) + "\n")
+    (out / "testbed.json").write_text(json.dumps({**testbed.to_json(), "warm_start_code": warm_start_code_digest()},
+                                                 indent=1) + "\n")
     index = ensure_qa_index(data, config.qa_index or out / "qa_index")
     tasks = load_tasks(out / "pool.jsonl", None) + load_tasks(out / "warmup.jsonl", None)
     scripts = testbed_scripts(testbed, tasks, make_expert("qa", data), env_factory("qa", data, index))

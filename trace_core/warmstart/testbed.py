@@ -261,3 +261,51 @@ def spread_of(trees: Sequence[Any], samples: int) -> Spread:
             raise ValueError(f"prompt {tree.prompt_id!r} has {outcomes.size} finished rollouts, expected {samples}")
         out[tree.prompt_id] = int(is_success(outcomes).sum())
     return Spread(samples, out)
+
+
+def heldout_rows(test_rows: Sequence[dict[str, Any]], testbed: Testbed | dict[str, Any]) -> list[dict[str, Any]]:
+    """The testbed's held-out questions: rows of the QA test split (never demonstrated, in
+    neither the pool nor the warm-up split) that start from one of the testbed's topics and have
+    at most ``max_hops`` hops — the questions on which a trained policy's pass@1 says whether what
+    it learnt on the pool carries over to the same subjects."""
+    competence = testbed.competence if isinstance(testbed, Testbed) else testbed["competence"]
+    config = testbed.config if isinstance(testbed, Testbed) else TestbedConfig(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in testbed["config"].items()})
+    used = set(testbed.pool if isinstance(testbed, Testbed) else testbed["pool"]) | set(
+        testbed.warmup if isinstance(testbed, Testbed) else testbed["warmup"])
+    return [r for r in test_rows if r["metadata"]["path"][0]["entity_id"] in competence
+            and len(r["metadata"]["path"]) <= config.max_hops and r["id"] not in used]
+
+
+def file_digest(paths: Sequence[Path]) -> str:
+    """sha256 over the named files' relative names and bytes, in sorted order (16 hex digits)."""
+    h = hashlib.sha256()
+    for p in sorted(paths, key=lambda q: q.name):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def warm_start_code_digest() -> str:
+    """A digest of the source that builds a testbed policy: the warm-start package, the tiny
+    models' definition and weight draw, and the testbed draw itself."""
+    import trace_core.models
+    import trace_core.warmstart
+
+    package = Path(trace_core.warmstart.__file__).parent
+    return file_digest([*package.glob("*.py"), Path(trace_core.models.__file__)])
+
+
+def testbed_identity(folder: str | Path) -> dict[str, str]:
+    """What a result measured on the testbed warm start in ``folder`` depends on: the testbed's
+    settings and source data (:func:`testbed_hash`), the policy's weights (a digest of its
+    weight files) and the warm start's code now checked out. Two folders with one identity
+    hold the same policy; a committed measurement is attached only to the identity it was
+    measured on. The code digest is the one the warm start recorded when it built the folder,
+    or, for a folder built before it recorded one, that of the code checked out now."""
+    folder = Path(folder)
+    bed = json.loads((folder / "testbed.json").read_text())
+    weights = sorted((folder / "policy").glob("*.safetensors")) or sorted((folder / "policy").glob("*.bin"))
+    if not weights:
+        raise ValueError(f"{folder / 'policy'} holds no weight file (*.safetensors or *.bin)")
+    return {"hash": bed["hash"], "policy_digest": file_digest(weights),
+            "warm_start_code": bed.get("warm_start_code") or warm_start_code_digest()}

@@ -1,0 +1,410 @@
+"""The learning benchmark: does a method's learning signal become a better policy for the same
+rollouts? Learning curves of every method from the same testbed policy, pool and seeds.
+
+Each run trains one method from the embedded testbed's policy (``trace_core.warmstart.testbed``)
+for ``--steps`` steps at the per-step budget M(1+N) and measures **pool success** — k ≥ 8
+samples of every pool prompt, the same request seeds for every method and measurement — at every
+tenth of the run. The start (step 0) is one shared measurement of the testbed policy
+(``start.json``), so no two methods start from different draws of the same policy. After the last
+step the final policy's **held-out pass@1** is measured on the testbed's held-out questions (QA
+test-split questions on the testbed's topics: in neither the pool nor the warm-up split).
+
+**Records anyone can recompute.** Each finished run writes one small JSON record under
+``--records`` (per-step counts, the pool-success samples per prompt, the prompts it opened and
+whether their trees showed both outcomes, its held-out samples, the commit with a dirty flag, the
+settings); ``python bench/learning.py table`` recomputes the whole table and the plots from those
+records alone (``bench/learning_table.py``: pooled counts with 90% Wilson intervals, per-seed
+values, matched-seed comparisons, verdicts on unrounded values). A rerun skips every run whose
+record has the same settings, so the benchmark continues across processes and sessions; a run
+folder under ``--work`` with no record resumes from its last checkpoint.
+
+**The protocol, frozen before any other method ran**: the run length and the policy's RL
+learning rate were chosen on GRPO alone (``pilot`` records, ``--records
+bench/results/learning_pilot``) and are the defaults below (``STEPS``, ``LEARNING_RATE``); the
+README says how. Changing them makes new records (their settings differ).
+
+**Targets** (fixed before the runs): GRPO's pool-success gain from start to end exceeds 3
+standard errors (measurement sampling and the spread over seeds); TRACE reaches GRPO's final pool
+success with ≤ 70% of GRPO's rollouts (warm-up counted and not counted); TRACE's final pool
+success at equal rollouts exceeds GRPO's by more than 2 standard errors; TRACE's area under the
+curve is the highest of the paper's methods (GRPO, PCL, TreePO).
+
+**Cost.** A 100-step run with 11 measurements at k = 8 takes of the order of 20–40 min on two
+cores; runs are independent, so they split over processes (each ``run --methods ... --seeds ...``
+in its own process, ``OMP_NUM_THREADS=1``), and every finished record is kept.
+
+Examples:
+
+    python bench/learning.py run --testbed runs/testbed --methods grpo --seeds 0 1 2
+    python bench/learning.py run --testbed runs/testbed --methods trace pcl --seeds 0
+    python bench/learning.py table                      # from bench/results/learning/ alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+
+import numpy as np  # noqa: E402
+from learning_table import RECORD_FORMAT, START_FORMAT, build_table, curve  # noqa: E402
+from train_compare import VARIANTS, SharedEngine, git_commit, tree_is_dirty  # noqa: E402
+
+STEPS = 100  # the run length, chosen on GRPO alone (module docstring)
+LEARNING_RATE = 1e-4  # the policy's RL learning rate, chosen on GRPO alone
+POOL_K = 8  # samples per pool prompt of every pool-success measurement
+HELDOUT_K = 8  # samples per held-out question
+STEP_KEYS = {"rollouts": "counts/rollouts", "generated_tokens": "budget/generated_tokens",
+             "activated": "counts/activated", "mixed_groups": "counts/mixed_groups",
+             "mixed_groups_trained": "counts/mixed_groups_trained", "dropped_rollouts": "counts/dropped_rollouts",
+             "expanded_anchors": "counts/expanded_anchors", "mixed_anchors": "counts/mixed_anchors",
+             "contrastive_yield": "contrastive_yield", "skipped_share": "alloc/skipped_share",
+             "reward": "reward/mean"}
+
+
+# ============================================================================ settings
+def measure_steps(steps: int) -> list[int]:
+    """Every tenth of the run (rounded), and the last step; step 0 is the shared start."""
+    return sorted({max(1, round(steps * i / 10)) for i in range(1, 11)} | {steps})
+
+
+def run_settings(variant: str, seed: int, args: argparse.Namespace, identity: dict) -> dict:
+    """Everything a run's figures depend on besides the code (a record is reused only when its
+    settings are these)."""
+    method, informed = VARIANTS[variant]
+    return {"variant": variant, "method": method, "informed": informed, "seed": seed, "steps": args.steps,
+            "lr": args.lr, "pool_k": args.pool_k, "measure_at": measure_steps(args.steps),
+            "heldout_k": args.heldout_k, "roots_M": args.roots_M, "expansion_N": args.expansion_N,
+            "group_size_G": 8, "max_m": args.max_m, "testbed": identity,
+            "config": Path(args.config).name}
+
+
+def record_path(records: Path, variant: str, seed: int) -> Path:
+    return records / "runs" / f"{variant}-seed{seed}.json"
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Whole or absent: written beside, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float) + "\n")
+    os.replace(tmp, path)
+
+
+def overrides(args: argparse.Namespace, variant: str, seed: int, out: Path, at: list[int]) -> list[str]:
+    method, informed = VARIANTS[variant]
+    tb = Path(args.testbed)
+    return [
+        f"method={method}", f"seed={seed}", f"steps={args.steps}", f"policy_model={tb / 'policy'}",
+        f"output_dir={out}", "task.family=qa", f"task.data_dir={args.data}", f"task.train_file={tb / 'pool.jsonl'}",
+        f"task.index_dir={args.index}", "progress=false", f"policy.lr={args.lr}",
+        f"tracking.tracking_uri=sqlite:///{Path(args.work).resolve() / 'mlflow.db'}",
+        "tracking.experiment=bench-learning", f"budget.roots_M={args.roots_M}",
+        f"budget.expansion_N={args.expansion_N}", "budget.group_size_G=8", f"budget.max_per_prompt={args.max_m}",
+        "predictor.task_family=qa", f"pool_success.samples={args.pool_k}", f"pool_success.at_steps={at}",
+        f"predictor_warmup.task_file={tb / 'warmup.jsonl' if informed else 'null'}",
+    ]
+
+
+# ============================================================================ measuring
+def per_prompt_successes(path: Path, k: int) -> dict[str, int]:
+    data = json.loads(path.read_text())
+    return {pid: int(round(float(v) * k)) for pid, v in data["per_prompt"].items()}
+
+
+def measure_start(args: argparse.Namespace, engine: SharedEngine, identity: dict, commit: str | None) -> dict:
+    """The shared step-0 pool success of the testbed policy, measured once through the trainer's
+    own measurement (same request seeds as every run's)."""
+    from trace_core.config import load_config
+    from trace_core.tracking import tracked_run
+    from trace_core.training.config import TrainConfig
+    from trace_core.training.trainer import Trainer
+
+    out = Path(args.work) / "start"
+    cfg = load_config(TrainConfig, args.config, overrides(args, "grpo", 0, out, []))
+    trainer = Trainer(cfg, engine=engine.get())
+    with tracked_run(trainer.tracker):
+        trainer.measure_pool_success(0)
+    trainer.tracker.close()
+    measure = {"step": 0, "samples": args.pool_k,
+               "successes": per_prompt_successes(out / "pool_success" / "step00000.json", args.pool_k)}
+    return {"format": START_FORMAT, "commit": commit, "dirty": tree_is_dirty(), "testbed": identity,
+            "pool_k": args.pool_k, "measure": measure}
+
+
+def heldout_tasks(args: argparse.Namespace):
+    from trace_core.training.trainer import read_tasks
+    from trace_core.warmstart.testbed import heldout_rows, read_rows, write_split
+
+    rows, _ = read_rows(Path(args.data) / "qa" / "test.jsonl")
+    bed = json.loads((Path(args.testbed) / "testbed.json").read_text())
+    held = heldout_rows(rows, bed)
+    path = write_split(rows, [r["id"] for r in held], Path(args.work) / "heldout.jsonl")
+    return read_tasks(path)
+
+
+def measure_heldout(trainer, tasks, k: int) -> dict:
+    """k samples of every held-out question by the trained policy (the engine holds its final
+    weights), one request seed for every method."""
+    from trace_core.rollout.executor import TreeRolloutExecutor
+    from trace_core.seeding import derive_seed
+
+    executor = TreeRolloutExecutor(trainer.engine, trainer.tokenizer, trainer.env_factory, trainer.cfg.agent)
+    seed = derive_seed("heldout", 0)
+    result = executor.run(tasks, [k] * len(tasks), None, np.random.default_rng(seed), sampling_seed=seed)
+    from trace_core.metrics import is_success
+
+    return {"samples": k, "successes": {t.prompt_id: int(is_success(t.outcomes()).sum()) for t in result.trees}}
+
+
+def opened_prompts(out: Path) -> list[dict]:
+    """Every prompt each step opened: its bare rollouts and whether its tree showed both outcomes."""
+    from trace_core.metrics import is_success
+    from trace_core.tree import load_trees
+
+    opened = []
+    for path in sorted((out / "trees").glob("step*.jsonl.gz")):
+        step = int(path.name[4:9])
+        for tree in load_trees(path):
+            wins = is_success(tree.outcomes())
+            opened.append({"step": step, "prompt": tree.prompt_id, "bare": len(tree.bare_trajectories()),
+                           "rollouts": int(wins.size), "both_outcomes": bool(wins.any() and not wins.all())})
+    return opened
+
+
+def run_one(variant: str, seed: int, args: argparse.Namespace, engine: SharedEngine, settings: dict,
+            commit: str | None, tasks_heldout) -> dict:
+    from trace_core.config import load_config
+    from trace_core.training.config import TrainConfig
+    from trace_core.training.trainer import Trainer
+
+    out = Path(args.work) / f"{variant}-seed{seed}"
+    started = out / "bench_settings.json"
+    if not (started.is_file() and json.loads(started.read_text()) == {"commit": commit, "settings": settings}):
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)  # another run's folder: start over
+        out.mkdir(parents=True)
+        started.write_text(json.dumps({"commit": commit, "settings": settings}))
+    cfg = load_config(TrainConfig, args.config, overrides(args, variant, seed, out, settings["measure_at"]))
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, engine=engine.get())
+    summary = trainer.run()
+    history = trainer.state.history or {}
+    heldout = measure_heldout(trainer, tasks_heldout, args.heldout_k)
+    pool = [{"step": s, "samples": args.pool_k,
+             "successes": per_prompt_successes(out / "pool_success" / f"step{s:05d}.json", args.pool_k)}
+            for s in settings["measure_at"]]
+    return {"format": RECORD_FORMAT, "variant": variant, "method": settings["method"], "seed": seed,
+            "commit": commit, "dirty": tree_is_dirty(), "settings": settings,
+            "steps": {name: [float(x) for x in history.get(key, [])] for name, key in STEP_KEYS.items()},
+            "pool": pool, "warmup": {"rollouts": float((summary["warmup"] or {}).get("rollouts", 0.0)),
+                                     "generated_tokens": float((summary["warmup"] or {}).get("generated_tokens", 0.0))},
+            "heldout": heldout, "opened": opened_prompts(out), "wall_s": time.perf_counter() - t0}
+
+
+# ============================================================================ commands
+def cmd_run(args: argparse.Namespace) -> None:
+    from trace_core.warmstart.testbed import testbed_identity
+
+    identity = testbed_identity(args.testbed)
+    commit = git_commit()
+    records = Path(args.records)
+    engine = SharedEngine(str(Path(args.testbed) / "policy"))
+    start_file = records / "start.json"
+    if start_file.is_file():
+        start = json.loads(start_file.read_text())
+        if start["testbed"] != identity or start["pool_k"] != args.pool_k:
+            raise SystemExit(f"{start_file} was measured on testbed {start['testbed']} at k = {start['pool_k']}, "
+                             f"not on {identity} at k = {args.pool_k}: use another --records folder")
+    else:
+        t0 = time.perf_counter()
+        write_json(start_file, measure_start(args, engine, identity, commit))
+        print(f"start: measured in {time.perf_counter() - t0:.0f} s -> {start_file}", flush=True)
+    tasks = None
+    try:
+        for seed in args.seeds:
+            for variant in args.methods:
+                path = record_path(records, variant, seed)
+                settings = run_settings(variant, seed, args, identity)
+                if path.is_file() and json.loads(path.read_text())["settings"] == settings:
+                    print(f"{variant} seed {seed}: record present, skipped", flush=True)
+                    continue
+                tasks = tasks if tasks is not None else heldout_tasks(args)
+                record = run_one(variant, seed, args, engine, settings, commit, tasks)
+                write_json(path, record)
+                s = json.loads(start_file.read_text())
+                _, y = curve(record, s, "rollouts")
+                print(f"{variant} seed {seed}: pool success {y[0]:.3f} -> {y[-1]:.3f}, held-out "
+                      f"{np.mean(list(record['heldout']['successes'].values())) / args.heldout_k:.3f} "
+                      f"({record['wall_s']:.0f} s) -> {path}", flush=True)
+    finally:
+        engine.close()
+
+
+def load_records(records: Path) -> tuple[list[dict], dict]:
+    runs = [json.loads(p.read_text()) for p in sorted((records / "runs").glob("*.json"))]
+    start = json.loads((records / "start.json").read_text())
+    for r in runs:
+        if r["settings"]["testbed"] != start["testbed"]:
+            raise SystemExit(f"{r['variant']} seed {r['seed']} ran on testbed {r['settings']['testbed']}, the start "
+                             f"was measured on {start['testbed']}")
+    return runs, start
+
+
+def testbed_truth(start: dict, spread_file: Path) -> tuple[dict[str, int] | None, int]:
+    """The committed per-prompt spread when it was measured on this testbed policy."""
+    if not spread_file.is_file():
+        return None, 0
+    frozen = json.loads(spread_file.read_text())
+    if frozen.get("identity") != start["testbed"]:
+        return None, 0
+    pool = frozen["spread"]["pool"]
+    return pool["successes"], int(pool["samples"])
+
+
+def provenance(runs: list[dict], start: dict) -> dict:
+    commits: dict[str, list[str]] = {}
+    for r in [start, *runs]:
+        name = "start" if r is start else f"{r['variant']}-seed{r['seed']}"
+        commits.setdefault(f"{r['commit']}{' (dirty)' if r['dirty'] else ''}", []).append(name)
+    return {"commits": commits,
+            "equivalence": "rows made at different commits are compared as one table because tests/test_golden.py "
+                           "pins every method's steps (trees, allocations, metrics) across those commits"}
+
+
+def cmd_table(args: argparse.Namespace) -> dict:
+    records = Path(args.records)
+    runs, start = load_records(records)
+    truth, k = testbed_truth(start, Path(args.spread))
+    table = build_table(runs, start, truth, k or 8)
+    table["provenance"] = provenance(runs, start)
+    table["settings"] = {key: runs[0]["settings"][key] for key in ("steps", "lr", "pool_k", "measure_at",
+                                                                    "roots_M", "expansion_N", "max_m")} if runs else {}
+    out = records / "table.json"
+    write_json(out, table)
+    print_table(table)
+    if not args.no_plot:
+        plot(runs, start, records / "learning.png")
+    if args.mlflow:
+        log_to_mlflow(args.mlflow, out, records / "learning.png")
+    print(f"wrote {out}" + ("" if args.no_plot else f" and {records / 'learning.png'}"))
+    return table
+
+
+def print_table(table: dict) -> None:
+    from bench_tables import print_table as show
+
+    rows = []
+    for m, sig in table["signal"].items():
+        pool, held = table["pool"][m], table["heldout"][m]
+        lo, hi = sig["effective_ratio"]["ci90"]
+        rows.append({"method": m, "seeds": len(sig["seeds"]), "eff. ratio": sig["effective_ratio"]["value"],
+                     "90% CI": f"[{lo:.3f}, {hi:.3f}]", "mixed/100": sig["mixed_groups_per_100_rollouts"]["value"],
+                     "mixed/1k tok": sig["mixed_groups_per_1000_tokens"], "rollouts/step": sig["rollouts_per_step"],
+                     "pool start": pool["start"], "pool final": pool["final"], "± SE": pool["final_se"],
+                     "at equal rollouts": pool["at_equal_rollouts"], "AUC": pool["area"],
+                     "to grpo final": pool.get("rollouts_to_grpo_final"), "held-out": held["value"]})
+    show(rows, list(rows[0]))
+    g = table["grpo_gain"]
+    print(f"  grpo gain {g['start']:.4f} -> {g['end']:.4f} = {g['gain']:+.4f}, SE {g['se']:.4f} "
+          f"({g['gain'] / g['se']:.2f} SE)")
+    for name, verdict in table["targets"].items():
+        print(f"  {name}: {verdict}")
+
+
+def plot(runs: list[dict], start: dict, path: Path) -> None:
+    """Pool success against cumulative training rollouts and generated tokens, warm-up not
+    counted (top) and counted (bottom): a line per method (mean over its seeds), its seeds' range
+    as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = sorted({r["variant"] for r in runs}, key=lambda m: (m != "grpo", m))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8), sharey=True)
+    colours = plt.get_cmap("tab20")
+    for i, m in enumerate(methods):
+        mine = [r for r in runs if r["variant"] == m]
+        for row, warm in enumerate((False, True)):
+            for col, axis in enumerate(("rollouts", "tokens")):
+                curves = [curve(r, start, axis, warm) for r in mine]
+                x = np.mean([c[0] for c in curves], axis=0)
+                ys = np.array([c[1] for c in curves])
+                ax = axes[row, col]
+                ax.plot(x, ys.mean(axis=0), marker="o", ms=3, color=colours(i % 20), label=f"{m} ({len(mine)})")
+                if len(mine) > 1:
+                    ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=colours(i % 20), alpha=0.15)
+    for row, warm in enumerate(("warm-up not counted", "warm-up counted")):
+        axes[row, 0].set(xlabel="cumulative training rollouts", ylabel="pool success", title=f"per rollout ({warm})")
+        axes[row, 1].set(xlabel="cumulative generated tokens", title=f"per generated token ({warm})")
+    axes[0, 1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def log_to_mlflow(uri: str, table: Path, figure: Path) -> None:
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("bench-learning")
+    data = json.loads(table.read_text())
+    with mlflow.start_run(run_name="learning-table"):
+        for m, row in data["pool"].items():
+            mlflow.log_metrics({f"{m}/pool_final": row["final"], f"{m}/auc": row["area"],
+                                f"{m}/effective_ratio": data["signal"][m]["effective_ratio"]["value"]})
+        mlflow.log_artifact(str(table))
+        if figure.is_file():
+            mlflow.log_artifact(str(figure))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="make every missing record (resumable)")
+    run.add_argument("--testbed", default="runs/testbed", help="a testbed warm start's folder "
+                     "(python bench/testbed.py --out runs/testbed builds and measures one)")
+    run.add_argument("--methods", nargs="+", choices=list(VARIANTS), default=["grpo", "trace"])
+    run.add_argument("--seeds", type=int, nargs="+", default=[0])
+    run.add_argument("--steps", type=int, default=STEPS)
+    run.add_argument("--lr", type=float, default=LEARNING_RATE, help="the policy's RL learning rate")
+    run.add_argument("--pool-k", type=int, default=POOL_K, help="samples per pool prompt (>= 2; the benchmark: 8)")
+    run.add_argument("--heldout-k", type=int, default=HELDOUT_K, help="samples per held-out question")
+    run.add_argument("--roots-M", dest="roots_M", type=int, default=32)
+    run.add_argument("--expansion-N", dest="expansion_N", type=int, default=1)
+    run.add_argument("--max-m", type=int, default=8, help="M_max")
+    run.add_argument("--config", default="configs/testbed.yaml")
+    run.add_argument("--data", default="data")
+    run.add_argument("--index", default="artifacts/qa_index")
+    run.add_argument("--work", default="runs/bench_learning", help="run folders (checkpoints, trees; not committed)")
+    run.add_argument("--records", default="bench/results/learning", help="the committed records")
+    table = sub.add_parser("table", help="recompute the table and plots from the records alone")
+    table.add_argument("--records", default="bench/results/learning")
+    table.add_argument("--spread", default="bench/results/testbed.json",
+                       help="the testbed's measured spread (truth for the truly-mixed reading)")
+    table.add_argument("--no-plot", action="store_true")
+    table.add_argument("--mlflow", default=None, help="also log the table and plot to this MLflow tracking URI")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        if args.pool_k < 2 or args.heldout_k < 1 or args.steps < 1:
+            raise SystemExit("--pool-k must be >= 2, --heldout-k >= 1 and --steps >= 1")
+        cmd_run(args)
+    else:
+        cmd_table(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
