@@ -126,8 +126,13 @@ def main() -> None:
     for name, ok in targets.items():
         print(f"  {'PASS' if ok else 'MISS'}  {name}")
     args.results.parent.mkdir(parents=True, exist_ok=True)
+    from train_compare import git_commit, tree_is_dirty
+
+    from trace_core.warmstart.testbed import testbed_identity
+
     args.results.write_text(json.dumps({
-        "command": " ".join(["python", *sys.argv]), "hash": bed["hash"], "config": bed["config"],
+        "command": " ".join(["python", *sys.argv]), "commit": git_commit(), "dirty": tree_is_dirty(),
+        "identity": testbed_identity(args.out), "hash": bed["hash"], "config": bed["config"],
         "source_md5": bed["source_md5"], "sft": report.get("sft"), "spread": spread,
         "targets": targets, "wall_s": time.perf_counter() - t0}, indent=1))
     plot(spread, args.results.with_suffix(".png"))

@@ -455,11 +455,16 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
 
 
 def load_testbed(folder: str) -> dict:
-    """The testbed's description, with the committed success spread where it is this testbed's."""
+    """The testbed's description, with the committed success spread only where it was measured on
+    this very policy (the same :func:`~trace_core.warmstart.testbed.testbed_identity`: settings,
+    data, warm-start code and weights)."""
+    from trace_core.warmstart.testbed import testbed_identity
+
     testbed = json.loads((Path(folder) / "testbed.json").read_text())
     frozen = Path("bench/results/testbed.json")
     spread = json.loads(frozen.read_text()) if frozen.is_file() else {}
-    testbed["spread"] = spread.get("spread") if spread.get("hash") == testbed["hash"] else None
+    testbed["identity"] = testbed_identity(folder)
+    testbed["spread"] = spread.get("spread") if spread.get("identity") == testbed["identity"] else None
     return testbed
 
 
@@ -518,7 +523,7 @@ def write_results(args: argparse.Namespace, commit: str | None, reused: dict[str
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": " ".join(["python", *sys.argv]), "commit": commit, "reused_records": reused,
-        "testbed": {"hash": testbed["hash"], "spread": testbed.get("spread")},
+        "testbed": {"hash": testbed["hash"], "identity": testbed["identity"], "spread": testbed.get("spread")},
         "budget": {"M": args.roots_M, "N": args.expansion_N, "G": 8, "steps": args.steps, "seeds": args.seeds,
                    "pool_k": args.pool_k},
         "rows": rows, "pool_success_measurement": pool, "targets": targets,
@@ -539,7 +544,8 @@ def main() -> None:
     testbed = load_testbed(args.testbed)
     t0 = time.perf_counter()
     commit = git_commit()
-    runs, reused = make_runs(args, variants, commit, testbed["hash"])
+    # a record is reused only on the same testbed policy: its settings carry the whole identity
+    runs, reused = make_runs(args, variants, commit, json.dumps(testbed["identity"], sort_keys=True))
     if args.runs_only:
         print(f"{len(runs)} run records in {args.out_dir} ({time.perf_counter() - t0:.0f} s)")
         return
