@@ -25,7 +25,9 @@ from trace_core.envs.sandbox import PythonSandbox, PythonToolSession, SandboxCon
 from trace_core.rollout.env import Action, Task
 
 TEST_UID = 61_236  # a uid of its own: other sandbox suites running at once are not our leftovers
-LIMITS = dict(uid=TEST_UID, gid=TEST_UID, memory_bytes=512 << 20, max_output_bytes=4096, max_processes=16)
+UIDS = 2  # the pool from TEST_UID: one uid per concurrent call
+LIMITS = dict(uid=TEST_UID, uid_count=UIDS, gid=TEST_UID, memory_bytes=512 << 20, max_output_bytes=4096,
+              max_processes=16)
 TIGHT = SandboxConfig(cpu_seconds=1, wall_seconds=2.0, **LIMITS)
 CPU_BOUND = SandboxConfig(cpu_seconds=1, wall_seconds=20.0, **LIMITS)  # only the CPU limit can stop it
 FACTOR, SLACK = 2.0, 0.5
@@ -55,7 +57,8 @@ def cpu_bound() -> PythonSandbox:
 def no_leftovers():
     yield
     left = [p.info["pid"] for p in psutil.process_iter(["pid", "uids"])
-            if p.info["uids"] and TEST_UID in (p.info["uids"].real, p.info["uids"].effective)]
+            if p.info["uids"] and any(TEST_UID <= u < TEST_UID + UIDS
+                                      for u in (p.info["uids"].real, p.info["uids"].effective))]
     assert left == []
 
 

@@ -9,18 +9,24 @@ so it runs as root inside fresh network, PID, mount, IPC and UTS namespaces, wit
 only this namespace. It must stay stdlib-only (it runs with ``-S``) and import nothing from trace_core.
 
 Steps, in order:
-1. private tmpfs on /tmp (the only writable place for the code) and /dev/shm;
-2. directories the interpreter needs but the dropped uid cannot traverse (a venv whose base Python
-   lives under /root, mode 0700) are bind-mounted back in under a tmpfs that hides the rest of the
-   masked directory;
-3. a minimal /etc/passwd and /etc/group are bound over the host's;
+1. everything the cell may see of the host is opened first: the interpreter's directories (the
+   venv, its base Python, /usr and the top-level library directories), the runner's source and a
+   few files of /etc (the loader cache, the time zone);
+2. System V IPC limits of the new IPC namespace: shared memory bounded like /dev/shm, no message
+   queues;
+3. a fresh tmpfs becomes the new root (pivot_root; the host's tree is detached, so no other host
+   folder exists for the cell: not the checkout, not the host's /tmp, not home). In it: those
+   directories as read-only overlays (a lock the cell takes is on the overlay's inode, never the
+   host's), /etc with copies and a minimal passwd and group, the runner, /dev with its own device
+   nodes and a private /dev/shm, a private /tmp (both size- and inode-capped), a fresh /proc;
 4. the whole mount tree becomes read-only and nosuid (mount_setattr with AT_RECURSIVE), then /tmp
    and /dev/shm are made writable again;
 5. fork: the child drops to the unprivileged uid/gid (no groups, no capabilities, no_new_privs),
-   sets its rlimits and execs the runner; the parent waits and writes the exact wait status and
-   resource usage as one JSON line on the status fd. When this process exits the kernel kills every
-   other process in the PID namespace, so nothing the code started can outlive the call. An alarm
-   kills the runner a little after the host's own deadline, in case the host is gone.
+   installs a seccomp filter (no memfds, no new namespaces), sets its rlimits and execs the
+   runner; the parent waits and writes the exact wait status and resource usage as one JSON line
+   on the status fd. When this process exits the kernel kills every other process in the PID
+   namespace, so nothing the code started can outlive the call. An alarm kills the runner a
+   little after the host's own deadline, in case the host is gone.
 
 Any failure before the exec is reported as {"kind": "error"} and a non-zero exit: the host then
 raises instead of returning an observation, so code never runs with a partial sandbox.
@@ -34,12 +40,15 @@ import math
 import os
 import resource
 import signal
+import stat
 import sys
 
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_NOEXEC = 0x8
 MS_BIND = 0x1000
+MNT_DETACH = 0x2
 MS_MOVE = 0x2000
 MS_REC = 0x4000
 MS_REMOUNT = 0x20
@@ -51,6 +60,21 @@ MOUNT_ATTR_NOSUID = 0x2
 SYS_MOUNT_SETATTR = 442  # same number on every architecture (added in Linux 5.12)
 
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_ERRNO = 0x00050000
+EPERM, ENOSYS = 1, 38
+CLONE_NEW_NAMESPACES = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+
+# Per architecture: the audit arch seccomp sees and the syscall numbers used here.
+_ARCHES = {
+    "x86_64": {"audit_arch": 0xC000003E, "memfd_create": 319, "memfd_secret": 447, "unshare": 272, "setns": 308,
+               "clone": 56, "clone3": 435, "pivot_root": 155},
+    "aarch64": {"audit_arch": 0xC00000B7, "memfd_create": 279, "memfd_secret": 447, "unshare": 97, "setns": 268,
+                "clone": 220, "clone3": 435, "pivot_root": 41},
+}
+_SYSCALLS = _ARCHES.get(os.uname().machine, {})
 
 
 def _load_libc() -> ctypes.CDLL:
@@ -63,6 +87,15 @@ def _load_libc() -> ctypes.CDLL:
 _libc = _load_libc()
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.syscall.restype = ctypes.c_long
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
 class _MountAttr(ctypes.Structure):
@@ -131,48 +164,127 @@ def _make_readonly_except(writable: list[str]) -> None:
             _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
 
 
-def _setup_mounts(spec: dict) -> None:
-    # Interpreter/package directories that live under /tmp or /dev/shm (a checkout or venv there)
-    # would vanish under the fresh tmpfs: hold them by O_PATH descriptors and bind them back.
-    held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in spec.get("preserve", [])]
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_size_bytes']},mode=1777")
-    for path, fd in held:
-        if path.startswith("/tmp/"):
-            os.makedirs(path, 0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-    stage = "/tmp/.stage"
-    os.mkdir(stage, 0o700)
-    staged: list[tuple[str, str]] = []
-    for i, group in enumerate(spec["expose"]):
-        for j, path in enumerate(group["paths"]):
-            slot = f"{stage}/{i}_{j}"
-            os.mkdir(slot)
-            _mount(path, slot, None, MS_BIND | MS_REC)
-            staged.append((slot, path))
-        _mount("tmpfs", group["mask"], "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-        for slot, path in staged:
-            os.makedirs(path, 0o755, exist_ok=True)
-            _mount(slot, path, None, MS_MOVE)
-            os.rmdir(slot)
-        staged.clear()
-    for name, text in (("passwd", spec["passwd"]), ("group", spec["group"])):
-        src = f"{stage}/{name}"
-        with open(src, "w") as f:
-            f.write(text)
-        os.chmod(src, 0o644)
-        _mount(src, f"/etc/{name}", None, MS_BIND)
-        os.unlink(src)
-    os.rmdir(stage)
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['shm_size_bytes']},mode=1777")
-    for path, fd in held:
-        if path.startswith("/dev/shm/"):
-            os.makedirs(path, 0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+def _write(path: str, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.write(fd, data)
+    finally:
         os.close(fd)
-    _make_readonly_except(["/tmp", "/dev/shm"])  # the bound-back directories stay read-only
+    os.chmod(path, mode)
+
+
+def _set_ipc_limits(spec: dict) -> None:
+    """System V IPC limits of this call's IPC namespace: shared memory bounded like /dev/shm, no
+    message queues (their bytes are kernel memory that no limit of the cell would count)."""
+    pages = max(1, spec["shm_size_bytes"] // os.sysconf("SC_PAGE_SIZE"))
+    for name, value in (("shmmax", spec["shm_size_bytes"]), ("shmall", pages), ("shmmni", 16), ("msgmni", 0)):
+        with open(f"/proc/sys/kernel/{name}", "w") as f:
+            f.write(str(value))
+
+
+def _setup_mounts(spec: dict) -> None:
+    """Builds the cell's whole view on a fresh tmpfs and makes it the root (see the module docstring)."""
+    # Everything taken from the host is opened first, while the host's view is still there.
+    held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in spec["expose"]]
+    with open(spec["runner"], "rb") as f:
+        runner_source = f.read()
+    etc = {}
+    for name in spec["etc_copies"]:
+        if os.path.lexists(f"/etc/{name}"):
+            etc[name] = os.readlink(f"/etc/{name}") if os.path.islink(f"/etc/{name}") else None
+            if etc[name] is None:
+                with open(f"/etc/{name}", "rb") as f:
+                    etc[name] = f.read(1 << 20)
+    _set_ipc_limits(spec)
+    # An empty lower layer for the read-only overlays, outside the new root.
+    stage = "/dev/shm"
+    _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=16,mode=700")
+    os.mkdir(f"{stage}/empty", 0o755)
+    root = "/tmp"
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096,mode=755")
+    for path, fd in held:
+        # A read-only overlay rather than a bind mount: the cell reads the host's files, but a lock it
+        # takes is on the overlay's inode, which no host process ever locks.
+        target = root + path
+        os.makedirs(target, 0o755, exist_ok=True)
+        _mount("overlay", target, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+               f"lowerdir=/proc/self/fd/{fd}:{stage}/empty")
+        os.close(fd)
+    for path, target in spec["links"].items():
+        os.symlink(target, root + path)
+    os.mkdir(f"{root}/etc", 0o755)
+    for name, data in etc.items():
+        if isinstance(data, str):
+            os.symlink(data, f"{root}/etc/{name}")
+        else:
+            _write(f"{root}/etc/{name}", data, 0o644)
+    _write(f"{root}/etc/passwd", spec["passwd"].encode(), 0o644)
+    _write(f"{root}/etc/group", spec["group"].encode(), 0o644)
+    os.makedirs(root + os.path.dirname(spec["runner_inside"]), 0o755, exist_ok=True)
+    _write(root + spec["runner_inside"], runner_source, 0o644)
+    # /dev: the few devices Python and its libraries open, as device nodes of this tmpfs (not the
+    # host's inodes), and a private /dev/shm.
+    os.mkdir(f"{root}/dev", 0o755)
+    _mount("tmpfs", f"{root}/dev", "tmpfs", MS_NOSUID, "size=64k,nr_inodes=64,mode=755")
+    for name, minor in (("null", 3), ("zero", 5), ("full", 7), ("random", 8), ("urandom", 9)):
+        os.mknod(f"{root}/dev/{name}", 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+        os.chmod(f"{root}/dev/{name}", 0o666)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{root}/dev/{name}")
+    inodes = spec["max_files"]
+    os.mkdir(f"{root}/dev/shm")
+    _mount("tmpfs", f"{root}/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={spec['shm_size_bytes']},nr_inodes={inodes},mode=1777")
+    os.mkdir(f"{root}/tmp")
+    _mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={spec['tmp_size_bytes']},nr_inodes={inodes},mode=1777")
+    os.mkdir(f"{root}/proc", 0o555)
+    _mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # pivot_root(".", "."): the old root ends up on top of the new one and is then detached; the
+    # overlays keep their layers, nothing else of the host stays reachable.
+    os.chdir(root)
+    _check(int(_libc.syscall(ctypes.c_long(_SYSCALLS["pivot_root"]), b".", b".")), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount2 old root")
+    os.chdir("/")
+    _make_readonly_except(["/tmp", "/dev/shm"])
     work = spec["workdir"]
     os.mkdir(work, 0o700)
     os.chown(work, spec["uid"], spec["gid"])
+
+
+def _seccomp_filter() -> list[tuple[int, int, int, int]]:
+    """A classic-BPF seccomp program: what the cell may not do even as an unprivileged uid.
+
+    - memfd_create / memfd_secret fail (EPERM): a memfd's pages are charged to no limit of the cell
+      (not RLIMIT_AS unless mapped, not the tmpfs sizes), so 384 MiB could be held under 256 MiB;
+    - no new namespaces (unshare, setns, clone with a CLONE_NEW* flag: EPERM; clone3, whose flags a
+      filter cannot read, ENOSYS so that libc falls back to clone): an unprivileged user namespace
+      would let the cell mount a tmpfs of its own, without the size and inode caps set here;
+    - any other ABI (i386 or x32 calls on x86_64) fails with ENOSYS, so none of the above is
+      reachable under another syscall number.
+    """
+    ld_abs, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    nr = _SYSCALLS
+    prog = [(ld_abs, 0, 0, 4), (jeq, 1, 0, nr["audit_arch"]), (ret, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
+            (ld_abs, 0, 0, 0)]
+    if os.uname().machine == "x86_64":
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, SECCOMP_RET_ERRNO | ENOSYS)]
+    for name, errno in (("memfd_create", EPERM), ("memfd_secret", EPERM), ("unshare", EPERM), ("setns", EPERM),
+                        ("clone3", ENOSYS)):
+        prog += [(jeq, 0, 1, nr[name]), (ret, 0, 0, SECCOMP_RET_ERRNO | errno)]
+    prog += [(jeq, 0, 3, nr["clone"]), (ld_abs, 0, 0, 16), (jset, 0, 1, CLONE_NEW_NAMESPACES),
+             (ret, 0, 0, SECCOMP_RET_ERRNO | EPERM), (ret, 0, 0, SECCOMP_RET_ALLOW)]
+    return prog
+
+
+def _install_seccomp() -> None:
+    prog = _seccomp_filter()
+    filters = (_SockFilter * len(prog))(*[_SockFilter(code, jt, jf, k) for code, jt, jf, k in prog])
+    fprog = _SockFprog(len(prog), filters)
+    ret = _libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
+                      ctypes.cast(ctypes.pointer(fprog), ctypes.c_void_p), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    _check(ret, "prctl(SECCOMP)")
 
 
 def _exec_runner(spec: dict, job_r: int) -> None:
@@ -199,6 +311,7 @@ def _exec_runner(spec: dict, job_r: int) -> None:
     else:
         raise RuntimeError("privileges were not dropped: setuid(0) succeeded")
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    _install_seccomp()
     for name, value in spec["rlimits"].items():
         res = getattr(resource, name)
         soft, hard = value if isinstance(value, list) else (value, value)
@@ -206,7 +319,7 @@ def _exec_runner(spec: dict, job_r: int) -> None:
     os.chdir(spec["workdir"])
     # With known site dirs the runner skips `site` (-S): .pth processing costs ~35 ms a call here
     flags = ["-S", "-s", "-P", "-B"] if spec["site_dirs"] is not None else ["-s", "-P", "-B"]
-    os.execve(spec["python"], [spec["python"], *flags, spec["runner"]], spec["env"])
+    os.execve(spec["python"], [spec["python"], *flags, spec["runner_inside"]], spec["env"])
 
 
 def main() -> int:
@@ -224,6 +337,8 @@ def main() -> int:
     try:
         if os.getpid() != 1:
             raise RuntimeError(f"not the first process of a new PID namespace (pid {os.getpid()})")
+        if not _SYSCALLS:
+            raise RuntimeError(f"no seccomp filter for the {os.uname().machine} architecture")
         _setup_mounts(spec)
         job_r, job_w = os.pipe()
     except Exception as exc:  # noqa: BLE001 - every setup failure must reach the host as a refusal

@@ -65,6 +65,7 @@ import selectors
 import shutil
 import signal
 import site
+import socket
 import subprocess
 import sys
 import threading
@@ -107,14 +108,19 @@ class SandboxConfig:
         The most one call can hold is about max_processes * memory_bytes + tmp_bytes + shm_bytes.
     max_output_bytes: stdout + stderr bytes the agent sees; a cell that prints more is stopped and
         its output cut there.
-    max_processes: processes + threads of the sandbox uid (RLIMIT_NPROC). Counted per uid on the
-        whole host, so concurrent sandboxes sharing a uid share it: give them distinct uids if one
-        fork bomb must not starve the others.
+    max_processes: processes + threads of one call (RLIMIT_NPROC). The kernel counts it per uid, so
+        every concurrent call runs as a uid of its own (see `uid_count`): a fork bomb exhausts only
+        its own call's limit, never a neighbour's.
     max_file_bytes: largest file the code may write (RLIMIT_FSIZE).
     max_open_files: open file descriptors per process (RLIMIT_NOFILE).
     tmp_bytes: size of the private tmpfs mounted on /tmp (the working directory is /tmp/w).
-    shm_bytes: size of the private tmpfs mounted on /dev/shm.
-    uid: unprivileged uid the code runs as (never 0: root ignores RLIMIT_NPROC).
+    shm_bytes: size of the private tmpfs mounted on /dev/shm (and of System V shared memory).
+    max_files: inodes (files, directories, links) of each of the private /tmp and /dev/shm, so
+        that a cell cannot grow the kernel's memory by creating files (~1 kB each) past this.
+    uid: first of the unprivileged uids the code runs as (never 0: root ignores RLIMIT_NPROC).
+    uid_count: size of the uid pool from `uid`: each call holds one uid of it exclusively, across
+        every process of the host, for its whole life; a call waits while all are in use.
+        Nothing else on the host should run as these uids (their processes would count too).
     gid: unprivileged gid the code runs as.
     python: interpreter for the code; the project's venv by default (numpy, sympy available).
         It must be readable by `uid`; directories above it that are not (a base Python under /root)
@@ -133,7 +139,9 @@ class SandboxConfig:
     max_open_files: int = 256
     tmp_bytes: int = 64 << 20
     shm_bytes: int = 16 << 20
+    max_files: int = 4096
     uid: int = 65534
+    uid_count: int = 64
     gid: int = 65534
     python: str = sys.executable
     seed: int = 0
@@ -151,6 +159,8 @@ class SandboxConfig:
             "max_open_files",
             "tmp_bytes",
             "shm_bytes",
+            "max_files",
+            "uid_count",
         )
         for name in positive:
             if not getattr(self, name) > 0:
@@ -164,6 +174,8 @@ class SandboxConfig:
                 raise ValueError(
                     f"SandboxConfig.{name} must be an unprivileged id (> 0), got {getattr(self, name)}"
                 )
+        if self.uid + self.uid_count > (1 << 31):
+            raise ValueError(f"SandboxConfig.uid + uid_count must stay below 2**31, got {self.uid + self.uid_count}")
         for pair in self.extra_env:
             if len(pair) != 2 or not all(isinstance(x, str) for x in pair) or "=" in pair[0] or not pair[0]:
                 raise ValueError(
@@ -233,60 +245,89 @@ class SandboxResult:
         return "\n".join(parts)
 
 
-def _can_traverse(st: os.stat_result, uid: int, gid: int, need: int) -> bool:
-    if st.st_uid == uid:
-        return bool(st.st_mode & (need << 6))
-    if st.st_gid == gid:
-        return bool(st.st_mode & (need << 3))
-    return bool(st.st_mode & need)
+_TOP_LEVEL_LIBRARY_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ETC_COPIES = ("ld.so.cache", "localtime")  # copied into the cell's /etc; nothing else of the host's
+_RUNNER_INSIDE = "/sandbox/_sandbox_runner.py"
 
 
-def _exposures(paths: Sequence[str], uid: int, gid: int) -> list[dict]:
-    """Directories in `paths` that `uid` cannot reach, grouped by the topmost ancestor that blocks it.
+@dataclass(frozen=True)
+class _View:
+    """What a cell sees of the host: read-only directories, top-level symlinks, the interpreter."""
 
-    The init mounts a tmpfs over each blocking ancestor and binds the needed directories back in.
+    expose: tuple[str, ...]  # real paths, none under another
+    links: dict[str, str]  # e.g. /lib -> usr/lib, as on the host
+    python: str  # the interpreter's path inside the cell: its venv's real path, the name kept
+    site_dirs: list[str] | None  # site-packages to put on sys.path (our own interpreter only)
+
+
+def _interpreter_view(python: str) -> _View:
+    """The interpreter's directories, found by their real paths.
+
+    A venv's `bin/python` is a symlink to its base interpreter, and Python finds the venv from the
+    path it was started by: so the cell starts `<real venv>/bin/<name>` (a venv reached through a
+    symlinked folder works the same), and both the venv and the base installation are exposed.
     """
-    groups: dict[str, list[str]] = {}
-    for raw in sorted({os.path.realpath(p) for p in paths}):
-        if any(
-            raw.startswith(kept + "/") or raw == kept for kept in (p for ps in groups.values() for p in ps)
-        ):
-            continue
-        parts = Path(raw).parts
-        for depth in range(2, len(parts) + 1):
-            ancestor = str(Path(*parts[:depth]))
-            need = 0o5 if depth == len(parts) else 0o1  # read+search the target, search the ancestors
-            if not _can_traverse(os.stat(ancestor), uid, gid, need):
-                if ancestor == raw:
-                    raise SandboxUnavailableError(
-                        f"{raw} (needed by the sandbox interpreter) is not readable by uid {uid}; "
-                        "make it world-readable or use an interpreter installed outside private directories"
-                    )
-                groups.setdefault(ancestor, []).append(raw)
-                break
-    return [{"mask": mask, "paths": sorted(ps)} for mask, ps in groups.items()]
-
-
-def _under_private_mounts(paths: Sequence[str]) -> list[str]:
-    """The topmost of ``paths`` that lie under /tmp or /dev/shm, which the sandbox replaces with
-    fresh tmpfs mounts (e.g. a checkout and its venv under /tmp); the init binds them back."""
-    inside = sorted({os.path.realpath(p) for p in paths
-                     if os.path.realpath(p).startswith(("/tmp/", "/dev/shm/")) and os.path.isdir(p)})
-    out: list[str] = []
-    for p in inside:
-        if not any(p == q or p.startswith(q + "/") for q in out):
-            out.append(p)
-    return out
-
-
-def _interpreter_dirs(python: str) -> list[str]:
+    bin_dir = os.path.realpath(os.path.dirname(os.path.abspath(python)))
+    inside = os.path.join(bin_dir, os.path.basename(python))
     real = os.path.realpath(python)
-    dirs = [os.path.dirname(python), os.path.dirname(real), str(_HERE)]
-    if python == sys.executable:
-        dirs += [sys.prefix, sys.base_prefix, sys.base_exec_prefix]
-    else:
-        dirs.append(str(Path(real).parent.parent))  # <prefix>/bin/python -> <prefix>
-    return dirs
+    dirs = {"/usr", os.path.dirname(bin_dir), os.path.dirname(os.path.dirname(real))}
+    site_dirs = None
+    if os.path.realpath(python) == os.path.realpath(sys.executable) and os.path.realpath(
+        os.path.dirname(sys.executable)
+    ) == bin_dir:
+        dirs |= {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+        site_dirs = [os.path.realpath(d) for d in site.getsitepackages()]
+        dirs |= {d for d in site_dirs if os.path.isdir(d)}
+    links = {}
+    for top in _TOP_LEVEL_LIBRARY_DIRS:
+        if os.path.islink(top):
+            links[top] = os.readlink(top)
+        elif os.path.isdir(top):
+            dirs.add(top)
+    kept: list[str] = []
+    for d in sorted(dirs - {"/"}):
+        if os.path.isdir(d) and not any(d == k or d.startswith(k + "/") for k in kept):
+            kept.append(d)
+    for d in kept:
+        if not os.stat(d).st_mode & 0o005 == 0o005:
+            raise SandboxUnavailableError(
+                f"{d} (needed by the sandbox interpreter) is not readable by other users; make it "
+                "world-readable or use an interpreter installed outside private directories"
+            )
+    return _View(tuple(kept), links, inside, site_dirs)
+
+
+class _UidLease:
+    """One uid of `SandboxConfig`'s pool, held for one call, exclusive among every process of the host.
+
+    RLIMIT_NPROC counts the processes of a uid, so a uid per concurrent call makes the process
+    limit per cell: one fork bomb exhausts only its own uid. The lease is an abstract unix socket
+    bound to a name made of the uid: binding is exclusive within the host's network namespace and
+    the kernel releases it when the holder exits, so a crashed worker never leaks a uid. The cells
+    live in network namespaces of their own and cannot touch these names.
+    """
+
+    def __init__(self, first: int, count: int, wait_seconds: float = 60.0) -> None:
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            for uid in range(first, first + count):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.bind(f"\0trace-rl-sandbox-uid-{uid}")
+                except OSError:
+                    sock.close()
+                    continue
+                self.uid, self._sock = uid, sock
+                return
+            if time.monotonic() > deadline:
+                raise SandboxUnavailableError(
+                    f"all {count} sandbox uids from {first} stayed in use for {wait_seconds:g} s; "
+                    "raise SandboxConfig.uid_count or run fewer concurrent cells"
+                )
+            time.sleep(0.005)
+
+    def release(self) -> None:
+        self._sock.close()
 
 
 def _base_env(config: SandboxConfig) -> dict[str, str]:
@@ -441,7 +482,7 @@ _VERIFY_LOCK = threading.Lock()
 
 _SELF_TEST = """
 import os, socket
-ok = os.getuid() == {uid} and os.getgid() == {gid} and os.getgroups() == []
+ok = {first} <= os.getuid() < {first} + {count} and os.getgid() == {gid} and os.getgroups() == []
 nets = sorted(name for _, name in socket.if_nameindex())
 try:
     open('/sandbox-write-probe', 'w')
@@ -449,7 +490,7 @@ try:
 except OSError:
     root_writable = False
 print({{'uid_ok': ok, 'nets': nets, 'root_writable': root_writable, 'pid': os.getpid() < 10,
-        'env': sorted(os.environ)}})
+        'env': sorted(os.environ), 'host_visible': os.path.exists({probe!r}), 'tmp': os.listdir('/tmp')}})
 """
 
 
@@ -464,10 +505,10 @@ class PythonSandbox:
     def __init__(self, config: SandboxConfig | None = None, verify: bool = True) -> None:
         self.config = config or SandboxConfig()
         self._unshare = self._preflight()
-        self._expose = _exposures(_interpreter_dirs(self.config.python), self.config.uid, self.config.gid)
         # Our own interpreter's site-packages are known here, so the runner can skip `site`; another
         # interpreter finds its own through `site` at start-up.
-        self._site_dirs = site.getsitepackages() if self.config.python == sys.executable else None
+        self._view = _interpreter_view(self.config.python)
+        self._site_dirs = self._view.site_dirs
         if verify:
             self._self_test()
 
@@ -491,14 +532,14 @@ class PythonSandbox:
 
     def _self_test(self) -> None:
         c = self.config
-        key = (c.python, c.uid, c.gid)
+        key = (c.python, c.uid, c.uid_count, c.gid)
         with _VERIFY_LOCK:
             if key in _VERIFIED:
                 return
-            result = self.run(_SELF_TEST.format(uid=c.uid, gid=c.gid))
+            result = self.run(_SELF_TEST.format(first=c.uid, count=c.uid_count, gid=c.gid, probe=str(_INIT)))
             expected = (
                 "{'uid_ok': True, 'nets': ['lo'], 'root_writable': False, 'pid': True, 'env': "
-                f"{sorted(_base_env(c))}}}"
+                f"{sorted(_base_env(c))}, 'host_visible': False, 'tmp': ['w']}}"
             )
             if not result.completed or result.stdout.strip() != expected:
                 raise SandboxUnavailableError(
@@ -507,20 +548,23 @@ class PythonSandbox:
                 )
             _VERIFIED.add(key)
 
-    def _spec(self, init_fd: int, runner_fd: int, cpu_hard: int, deadline_seconds: float) -> dict:
+    def _spec(self, uid: int, init_fd: int, runner_fd: int, cpu_hard: int, deadline_seconds: float) -> dict:
         c = self.config
         return {
-            "uid": c.uid,
+            "uid": uid,
             "gid": c.gid,
-            "python": c.python,
+            "python": self._view.python,
             "runner": str(_RUNNER),
+            "runner_inside": _RUNNER_INSIDE,
             "workdir": _WORKDIR,
             "tmp_size_bytes": c.tmp_bytes,
             "shm_size_bytes": c.shm_bytes,
-            "expose": self._expose,
-            "preserve": _under_private_mounts(_interpreter_dirs(c.python)),
+            "max_files": c.max_files,
+            "expose": list(self._view.expose),
+            "links": self._view.links,
+            "etc_copies": list(_ETC_COPIES),
             "passwd": (
-                f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{c.uid}:{c.gid}::{_WORKDIR}:/bin/sh\n"
+                f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{uid}:{c.gid}::{_WORKDIR}:/bin/sh\n"
             ),
             "group": f"root:x:0:\nsandbox:x:{c.gid}:\n",
             "rlimits": {
@@ -530,6 +574,7 @@ class PythonSandbox:
                 "RLIMIT_NPROC": c.max_processes,
                 "RLIMIT_NOFILE": c.max_open_files,
                 "RLIMIT_CORE": 0,
+                "RLIMIT_MSGQUEUE": 0,  # POSIX message queues: kernel memory no other limit counts
             },
             "env": _base_env(c),
             "site_dirs": self._site_dirs,
@@ -566,11 +611,19 @@ class PythonSandbox:
             }
         ).encode()
         cpu_hard = c.cpu_seconds + math.ceil(replay_cpu_seconds) + 1  # + start-up; the runner lowers it
+        lease = _UidLease(c.uid, c.uid_count)
+        try:
+            return self._run_as(lease.uid, job, len(cells), cpu_hard, replay_seconds)
+        finally:
+            lease.release()  # only after the call's whole PID namespace is gone (see `_terminate`)
+
+    def _run_as(self, uid: int, job: bytes, n_cells: int, cpu_hard: int, replay_seconds: float) -> SandboxResult:
+        c = self.config
         init_r, init_w = os.pipe()
         runner_r, runner_w = os.pipe()
         start = time.monotonic()
         try:
-            spec = self._spec(init_w, runner_w, cpu_hard, c.wall_seconds + replay_seconds)
+            spec = self._spec(uid, init_w, runner_w, cpu_hard, c.wall_seconds + replay_seconds)
             argv = [self._unshare, *_UNSHARE_FLAGS, c.python, "-I", "-S", str(_INIT), json.dumps(spec)]
             proc = subprocess.Popen(
                 argv,
@@ -587,7 +640,7 @@ class PythonSandbox:
             os.close(runner_w)
         deadline = start + c.wall_seconds + replay_seconds
         try:
-            outcome = self._collect(proc, job, init_r, runner_r, start, deadline, len(cells))
+            outcome = self._collect(proc, job, init_r, runner_r, start, deadline, n_cells)
         finally:
             if proc.poll() is None:
                 _terminate(proc)
@@ -596,7 +649,7 @@ class PythonSandbox:
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
-        return self._result(outcome, len(cells), time.monotonic() - start, proc.returncode, cpu_hard)
+        return self._result(outcome, n_cells, time.monotonic() - start, proc.returncode, cpu_hard)
 
     def _collect(
         self,
