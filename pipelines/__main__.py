@@ -273,12 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--method", default=None, help="the method of train/evaluate/profile")
     p.set_defaults(fn=cmd_stage)
     args = parser.parse_args(argv)
+    from trace_core.cli import one_line, refused_before_work
     from trace_core.config import ConfigError
 
     try:
         return args.fn(args)
     except ConfigError as err:
-        print(f"python -m pipelines: configuration error: {err}", file=sys.stderr)
+        print(f"python -m pipelines: configuration error: {one_line(err)}", file=sys.stderr)
+        return 2
+    except refused_before_work() as err:  # a bad input found before any work (data, store, a held folder)
+        print(f"python -m pipelines: {one_line(err)}", file=sys.stderr)
         return 2
 
 

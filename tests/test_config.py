@@ -121,11 +121,14 @@ def test_a_pool_smaller_than_the_candidate_pool_fails_before_any_model(tmp_path:
     train = tmp_path / "train.jsonl"
     embedded = Path(__file__).resolve().parents[1] / "data" / "math" / "train.jsonl"
     train.write_text("".join(embedded.read_text().splitlines(keepends=True)[:3]))  # 3 valid rows
+    model = tmp_path / "model"  # not loadable: only its config.json, which the path checks read
+    model.mkdir()
+    (model / "config.json").write_text("{}")
     cfg = load_config(TrainConfig, None, ["task.family=math", f"task.train_file={train}", "budget.roots_M=8",
                                           "budget.group_size_G=8", f"output_dir={tmp_path / 'out'}",
-                                          f"policy_model={tmp_path / 'no-model'}"])
+                                          f"policy_model={model}"])
     with pytest.raises(ValueError, match=r"B = budget.pool_factor·M\(1\+N\)/G = \d+ distinct prompts.*holds only 3"):
-        Trainer(cfg)  # the model path does not exist: the pool check comes first
+        Trainer(cfg)  # the model cannot be loaded: the pool check comes first
     assert not (tmp_path / "out" / "spool").exists()
 
 

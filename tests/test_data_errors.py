@@ -185,7 +185,11 @@ def test_train_cli_reports_invalid_training_data_and_exits_2(tmp_path: Path, cap
     from trace_core.cli import main
 
     bad = _write_lines(tmp_path / "train.jsonl", [_line(_row(0)), b'{"id": "m1", "prompt": "\xfe"}'])
-    status = main(["train", "task.family=math", f"task.train_file={bad}", f"output_dir={tmp_path / 'run'}"])
+    model = tmp_path / "model"  # the paths are checked first: a model directory's config is enough to get here
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    status = main(["train", "task.family=math", f"task.train_file={bad}", f"output_dir={tmp_path / 'run'}",
+                   f"policy_model={model}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
     err = capsys.readouterr().err
     assert status == 2 and "Traceback" not in err
     assert err.startswith(f"trace-rl: invalid data in {bad} (while reading)")

@@ -4,7 +4,9 @@
     trace-rl show-config --config configs/embedded.yaml
     trace-rl deliver runs/trace/spool
 
-Nothing heavy is imported before the arguments are parsed: ``--help`` answers at once.
+Nothing heavy is imported before the arguments are parsed: ``--help`` answers at once. A bad input
+(a configuration value, a path, the data, a prompt too long, an output_dir another run holds) is
+refused before any work, in one line on stderr with exit status 2 (:func:`refused_before_work`).
 """
 
 from __future__ import annotations
@@ -46,21 +48,41 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
     except ConfigError as err:
-        print(f"trace-rl: configuration error: {err}", file=sys.stderr)
+        print(f"trace-rl: configuration error: {one_line(err)}", file=sys.stderr)
         return 2
     if args.command == "show-config":
         print(dump_yaml(cfg), end="")
         return 0
-    from trace_core.data.reading import DataValidationError
     from trace_core.training.trainer import train
 
     try:
         summary = train(cfg)
-    except DataValidationError as err:  # its message is the report (file, rules, rows): no traceback
-        print(f"trace-rl: {err}", file=sys.stderr)
+    except refused_before_work() as err:  # a bad input, found before any work: one line, no traceback
+        print(f"trace-rl: {one_line(err)}", file=sys.stderr)
         return 2
     print(json.dumps({k: summary[k] for k in ("method", "steps", "run_id", "wall_s")}, default=str))
     return 0
+
+
+def refused_before_work() -> tuple[type[BaseException], ...]:
+    """The errors a run raises before any work (nothing trained, no tracking run left RUNNING),
+    each a bad input the message names: a configuration value or path
+    (:class:`~trace_core.config.ConfigError`), invalid data
+    (:class:`~trace_core.data.reading.DataValidationError`), a tracking store that cannot take the
+    run, an output_dir another process writes or whose checkpoint is another configuration's
+    (:class:`~trace_core.training.run_guard.RunRefused`). Entry points report them in one line
+    with exit status 2."""
+    from trace_core.config import ConfigError
+    from trace_core.data.reading import DataValidationError
+    from trace_core.tracking import TrackingStoreError
+    from trace_core.training.run_guard import RunRefused
+
+    return ConfigError, DataValidationError, TrackingStoreError, RunRefused
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message on one line (a data report's lines joined with " | ")."""
+    return " | ".join(line.strip() for line in str(err).splitlines() if line.strip())
 
 
 DELIVER_HELP = "deliver a run's spooled tracking records to its tracking store and set its final status"

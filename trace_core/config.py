@@ -3,7 +3,9 @@
 One mechanism for every config in the project (trainer, predictor, engine, pipeline): a config
 is a dataclass whose fields are scalars, lists, or nested dataclasses, each documented where it
 is declared. Loading is strict — an unknown key or a value of the wrong type is an error naming
-the dotted key, so a typo in a sweep never silently falls back to a default.
+the dotted key, so a typo in a sweep never silently falls back to a default; a number setting
+must be finite (``nan`` and ``inf`` are refused for every float field), and each dataclass's
+``__post_init__`` checks its own ranges.
 
     cfg = load_config(TrainConfig, "configs/embedded.yaml", ["trainer.steps=3", "method=grpo"])
     flat = flatten(cfg)          # {"trainer.steps": 3, ...} — MLflow params, DVC params
@@ -12,6 +14,7 @@ the dotted key, so a typo in a sweep never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -95,9 +98,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):  # no setting means nan or inf: it would only fail later, far from here
+            raise ConfigError(f"{key}: {value!r} is not a finite number (every number setting must be finite)")
+        return number
     if tp is str:
         if isinstance(value, str | int | float) and not isinstance(value, bool):
             return str(value)
@@ -128,7 +134,10 @@ def _build(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     except ConfigError:
         raise
     except (TypeError, ValueError) as err:  # __post_init__ checks
-        raise ConfigError(f"{prefix or cls.__name__}: {err}") from err
+        text = str(err)
+        if text.split(" ", 1)[0] in fields:  # "lr must be ..." of section policy: "policy.lr must be ..."
+            raise ConfigError(f"{prefix}.{text}" if prefix else text) from err
+        raise ConfigError(f"{prefix or cls.__name__}: {text}") from err
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:

@@ -15,7 +15,11 @@ sends it; a record leaves the spool only once the store has confirmed it. So:
   aside in ``rejected.jsonl``, counted (:attr:`MLflowTracker.rejected`, the run tag
   ``tracking.rejected_values``) and reported on stderr, and the records after it go on;
 * the run's status travels in the spool with its records: :func:`tracked_run` ends a run FAILED on
-  an exception and KILLED on SIGTERM/SIGINT, and reopens a resumed run as RUNNING;
+  an exception (with the reason as the tag ``tracking.failure``) and KILLED on SIGTERM/SIGINT, and
+  reopens a resumed run as RUNNING;
+* one process writes a spool at a time: a second tracker on it in another process is refused at
+  once, naming the holder's pid (:mod:`trace_core.locks`); a new sqlite store is created by one
+  process at a time (:func:`store_lock`);
 * records still spooled when a run closes are counted on stderr, with the command that delivers
   them and the final status later (``trace-rl deliver <spool_dir>``, :func:`deliver`); a new
   tracker on the same spool (a resumed run) delivers them too;
@@ -46,6 +50,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trace_core.locks import LOCK_NAME, HeldLock, LockHeld, hold, lead_process
+from trace_core.locks import exclusive as exclusive_lock
+
 _NAME_OK = re.compile(r"[^A-Za-z0-9_\-. :/]")
 MAX_PARAM_VALUE = 6000
 MAX_KEY = 250
@@ -55,6 +62,10 @@ RUNNING = "RUNNING"
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 INVALID = "INVALID_PARAMETER_VALUE"  # MLflow's error code for a request it refuses as invalid
 REJECTED_TAG = "tracking.rejected_values"
+FAILURE_TAG = "tracking.failure"  # why a run ended FAILED (the exception, in one line)
+# The tracking stores MLflow itself knows ("": a local folder); SQLAlchemy URIs may name a driver
+# (postgresql+psycopg2://).
+STORE_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 
 
 def mlflow_name(name: str) -> str:
@@ -151,6 +162,20 @@ class TrackingConfig:
     retry_interval_s: float = 10.0  # how often to retry a store that failed
     request_timeout_s: float = 10.0  # HTTP timeout per MLflow request
     request_max_retries: int = 1  # MLflow's own HTTP retries per request (it backs off between them)
+
+    def __post_init__(self) -> None:
+        scheme = urllib.parse.urlparse(self.tracking_uri).scheme.split("+")[0]
+        if not self.tracking_uri.strip() or scheme not in STORE_SCHEMES:
+            raise ValueError(f"tracking_uri {self.tracking_uri!r} is not an MLflow store: its scheme must be one of "
+                             f"{', '.join(s + '://' for s in STORE_SCHEMES if s)} or a local path")
+        if not self.experiment.strip():
+            raise ValueError("experiment must be a non-empty name")
+        if not self.retry_interval_s >= 0:
+            raise ValueError(f"retry_interval_s must be >= 0, got {self.retry_interval_s}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.request_max_retries < 0:
+            raise ValueError(f"request_max_retries must be >= 0, got {self.request_max_retries}")
 
 
 # ==================================================================== the spool on disk
@@ -273,6 +298,8 @@ class MLflowTracker:
         except OSError as err:
             raise TrackingStoreError(f"tracking.spool_dir {self.spool} must be a folder this run can write to: "
                                      f"{_reason(err)}") from err
+        self._lock: HeldLock | None = None
+        self._hold_spool()  # one writer per spool: a second process is refused here, naming the holder
         if run_id is not None and meta.run_id not in (None, run_id):
             raise ValueError(f"spool {self.spool} belongs to run {meta.run_id}, not {run_id}; "
                              "use a fresh spool_dir for a new run")
@@ -301,6 +328,24 @@ class MLflowTracker:
     def pending(self) -> int:
         """Records logged but not yet confirmed by the store (still in the spool)."""
         return len(self._pending)
+
+    def _hold_spool(self) -> None:
+        """Hold the spool's writer lock (:mod:`trace_core.locks`) while this tracker writes it: from
+        its creation to :meth:`close`, and again when it writes after that (a reopened run)."""
+        if (self._lock is not None and self._lock.held) or not lead_process():
+            return
+        try:
+            self._lock = hold(self.spool / LOCK_NAME, f"tracking.spool_dir {self.spool}")
+        except LockHeld as err:
+            raise TrackingStoreError(str(err)) from None
+        except OSError as err:
+            raise TrackingStoreError(f"tracking.spool_dir {self.spool} must be a folder this run can write to: "
+                                     f"{_reason(err)}") from err
+
+    def _release_spool(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # ---------------------------------------------------------------- start-up check
     def preflight(self) -> None:
@@ -339,13 +384,10 @@ class MLflowTracker:
 
     def _connect(self) -> Any:
         """The MLflow client, with the run created if it is not yet."""
-        from mlflow.tracking import MlflowClient
-
         if self._client is None:
-            self._client = MlflowClient(tracking_uri=self.config.tracking_uri)
+            self._client = store_client(self.config.tracking_uri)
         if self.run_id is None:
-            exp = self._client.get_experiment_by_name(self.config.experiment)
-            exp_id = exp.experiment_id if exp else self._client.create_experiment(self.config.experiment)
+            exp_id = ensure_experiment(self.config.tracking_uri, self.config.experiment, client=self._client)
             run = self._client.create_run(exp_id, run_name=self.config.run_name, tags=self._tags)
             self.run_id = run.info.run_id
             self._save_meta()
@@ -424,6 +466,7 @@ class MLflowTracker:
             return self.pending
         # The spool on disk is the truth: a signal between a record's write and its entry in memory
         # must not leave that record out of the count below.
+        self._hold_spool()
         self._pending, self._seq = self._spool.unacked()
         self.flush()  # first, so that the rejection count below includes every record before the end
         self._tag_rejections()
@@ -435,6 +478,7 @@ class MLflowTracker:
         if self.rejected:
             _warn(f"{self.rejected} values of run {self.run_id} were refused by {self.config.tracking_uri} as "
                   f"invalid; they are listed in {self._spool.rejected}")
+        self._release_spool()  # ended: `trace-rl deliver` (another process) may take the spool now
         return self.pending
 
     def _log(self, kind: str, **payload: Any) -> None:
@@ -443,6 +487,7 @@ class MLflowTracker:
             self.flush()
 
     def _append(self, kind: str, **payload: Any) -> None:
+        self._hold_spool()
         rec = {"seq": self._seq, "kind": kind, **payload}
         self._seq += 1
         self._spool.append(rec)
@@ -613,7 +658,8 @@ def _is_invalid(err: BaseException) -> bool:
 
 def _reason(err: BaseException) -> str:
     """An error in one line: MLflow's messages can carry a whole SQL statement."""
-    text = str(err).strip().splitlines()
+    # SQLAlchemy puts its "(raised as a result of Query-invoked autoflush; ...)" note before the cause.
+    text = [line for line in str(err).strip().splitlines() if not line.startswith("(raised as a result of")]
     return f"{type(err).__name__}: {text[0][:300] if text else ''}"
 
 
@@ -656,7 +702,7 @@ def tracked_run(tracker: Tracker) -> Iterator[Tracker]:
         yield tracker
     except BaseException as err:
         _restore_signals(previous)
-        _end(tracker, _status_after(err))
+        end_after(tracker, err)
         if isinstance(err, RunKilled):
             _pass_on(err, previous[err.signum])
         raise
@@ -693,6 +739,20 @@ def _raise_killed(signum: int, frame: Any) -> None:
 def _restore_signals(previous: dict[int, Any]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+
+
+def end_after(tracker: Tracker, err: BaseException) -> None:
+    """End the run as ``err`` ends it: KILLED after a signal, FAILED otherwise, with the reason
+    (the error in one line) as the run's tag ``tracking.failure``. :func:`tracked_run` ends its
+    block so; call it for an error after the run exists but outside the block (an engine that
+    cannot be built)."""
+    status = _status_after(err)
+    if status == "FAILED":
+        try:
+            tracker.set_tags({FAILURE_TAG: _reason(err)})
+        except Exception as tag_err:  # noqa: BLE001 — the error that ended the run matters more
+            _warn(f"could not record why the run failed: {_reason(tag_err)}")
+    _end(tracker, status)
 
 
 def _end(tracker: Tracker, status: str) -> None:
@@ -752,12 +812,59 @@ def deliver(spool_dir: str | Path, tracking_uri: str | None = None, status: str 
                           status=spool.last_status(), error=tracker._failing)
 
 
-def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None = None) -> str:
-    """The id of experiment ``name``, created (with ``artifact_location`` when given) if missing."""
+def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None = None,
+                      client: Any = None) -> str:
+    """The id of experiment ``name``, created (with ``artifact_location`` when given) if missing.
+    Two processes creating it at once both get its id: on a sqlite store they take turns
+    (:func:`store_lock`); elsewhere the one that loses the race reads the winner's."""
+    client = client or store_client(tracking_uri)
+    with store_lock(tracking_uri):
+        exp = client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except Exception:
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI (None: another store, or in memory)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    path = tracking_uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+@contextlib.contextmanager
+def store_lock(tracking_uri: str) -> Iterator[None]:
+    """On a sqlite store, the exclusive lock of the file beside the database (``<db>.lock``) for a
+    block; nothing elsewhere. MLflow creates and migrates a new sqlite store on first use, and two
+    processes doing that at once fail (one finds the other's half-made tables)."""
+    db = sqlite_path(tracking_uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(db.with_name(db.name + ".lock")):
+        yield
+
+
+_STORES_READY: set[str] = set()  # sqlite stores this process has opened (created and migrated)
+
+
+def store_client(tracking_uri: str) -> Any:
+    """An ``MlflowClient`` on ``tracking_uri``. A sqlite store's first use (which creates it, or
+    migrates an old one) is made under :func:`store_lock`, so that concurrent runs take turns."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_location)
+    if sqlite_path(tracking_uri) is None or tracking_uri in _STORES_READY:
+        return MlflowClient(tracking_uri=tracking_uri)
+    with store_lock(tracking_uri):
+        client = MlflowClient(tracking_uri=tracking_uri)  # MLflow opens the store here: tables, migrations
+        client.search_experiments(max_results=1)
+    _STORES_READY.add(tracking_uri)
+    return client

@@ -2,8 +2,10 @@
 
 Every problem found here is a :class:`DataValidationError` that names the file and each bad
 line (the line of a JSONL file, the row of a CSV, Parquet or JSON-array file) with the rule it
-broke, the same report the Great Expectations suites give (``validation.py``). A file is read
-whole and every bad line is reported, not only the first, so one run shows what to fix.
+broke — a line that is not UTF-8, not JSON, too large, or whose escapes make a lone surrogate
+(``\\ud800``: valid JSON, but text that no later stage can encode) — the same report the Great
+Expectations suites give (``validation.py``). A file is read whole and every bad line is
+reported, not only the first, so one run shows what to fix.
 Stdlib only: the loaders, the BFCL reader and the suites all read through here.
 """
 
@@ -100,6 +102,32 @@ def _decode(raw: bytes, lineno: int, bad: list[BadRow]) -> str | None:
         return None
 
 
+SURROGATE_RULE = "the line's text is valid Unicode (no lone surrogate escape such as \\ud800)"
+
+
+def _lone_surrogate(value: Any, where: str = "") -> str | None:
+    """Where in a parsed JSON value a string holds a lone surrogate (a ``\\ud800``-style escape
+    without its pair: valid JSON, but no UTF-8 text can hold it), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return f"{err.object[err.start]!r} at character {err.start + 1} of {where or 'the value'}"
+        return None
+    if isinstance(value, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+        items = [*((f"key {k!r}", k) for k in value), *items]
+    elif isinstance(value, list):
+        items = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for name, item in items:
+        found = _lone_surrogate(item, name)
+        if found is not None:
+            return found
+    return None
+
+
 def read_text(path: str | Path) -> str:
     """A whole text file, decoded as UTF-8; every undecodable line is named in the error."""
     path = Path(path)
@@ -133,6 +161,10 @@ def read_json_lines(path: str | Path, config: ReadConfig = ReadConfig()) -> tupl
             continue
         if len(raw) > config.max_row_bytes:
             bad.append(BadRow(lineno, _row_id(record), _size_rule(config), f"{len(raw)} bytes"))
+            continue
+        surrogate = _lone_surrogate(record) if b"\\u" in raw else None  # only a \u escape can make one
+        if surrogate is not None:
+            bad.append(BadRow(lineno, _row_id(record), SURROGATE_RULE, surrogate))
             continue
         records.append(record)
         numbers.append(lineno)

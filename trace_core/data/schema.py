@@ -29,6 +29,9 @@ LETTERS = tuple(string.ascii_uppercase[:10])
 
 COLUMNS = ("id", "task", "source", "split", "prompt", "answers", "choices", "metadata")
 PASSAGE_COLUMNS = ("id", "title", "text")
+# Keys the task adapter (trace_core.envs.registry.example_to_task) adds to an example's metadata:
+# a row's own metadata must not hold them.
+RESERVED_METADATA_KEYS = ("family", "source", "split", "choices")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Great Expectations suites per dataset kind, and the validated load that guards every consumer.
 
 Kinds and what their suite demands (besides: at least one row, ids present, whitespace-free and
-unique, a JSON-object ``metadata``, no unknown keys):
+unique, a JSON-object ``metadata`` without the keys the task adapter adds, no unknown keys):
 
 ``math``    task "math", a non-blank prompt of at most 8000 characters, >= 1 non-empty answer, no choices
 ``mc``      task "math", 2-10 choices, exactly one answer that is a letter naming one of the choices
@@ -35,7 +35,15 @@ from typing import Any
 
 from trace_core.data.bfcl import CATEGORIES
 from trace_core.data.reading import BadRow, DataValidationError, ReadConfig, read_json_lines
-from trace_core.data.schema import COLUMNS, LETTERS, PASSAGE_COLUMNS, SPLITS, Example, Passage
+from trace_core.data.schema import (
+    COLUMNS,
+    LETTERS,
+    PASSAGE_COLUMNS,
+    RESERVED_METADATA_KEYS,
+    SPLITS,
+    Example,
+    Passage,
+)
 
 KINDS = ("math", "mc", "qa", "fc", "corpus")
 PROMPT_MAX_CHARS = {"math": 8000, "mc": 8000, "qa": 2000, "fc": 8000}
@@ -76,6 +84,7 @@ def _example_row(record: Any, line: int) -> dict[str, Any]:
         "answer_letter": letter if isinstance(letter, str) else "",
         "answer_index": answer_index,
         "metadata_ok": meta_ok,
+        "n_reserved_keys": sum(k in meta for k in RESERVED_METADATA_KEYS),
         "n_unknown_keys": len(set(rec) - set(COLUMNS)) if isinstance(record, dict) else -1,
         "category": _str_or_empty(meta.get("category")),
         "n_turns": len(turns) if isinstance(turns, list) else -1,
@@ -145,6 +154,10 @@ def _rules(kind: str, gxe: Any) -> list[tuple[str, Any]]:
         (
             "metadata is a JSON object",
             gxe.ExpectColumnValuesToBeInSet(column="metadata_ok", value_set=[True]),
+        ),
+        (
+            f"metadata holds none of the keys the task adapter adds ({', '.join(RESERVED_METADATA_KEYS)})",
+            gxe.ExpectColumnValuesToBeInSet(column="n_reserved_keys", value_set=[0]),
         ),
     ]
     if kind == "mc":

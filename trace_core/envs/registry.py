@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trace_core.data.schema import LETTERS, TASKS, Example
+from trace_core.data.schema import LETTERS, RESERVED_METADATA_KEYS, TASKS, Example
 from trace_core.envs.fc_env import FCEnvConfig, FCEnvironment
 from trace_core.envs.math_env import MathEnvConfig, MathEnvironment, make_sandbox
 from trace_core.envs.qa_env import QAEnvConfig, QAEnvironment
@@ -24,7 +24,7 @@ from trace_core.rollout.env import Environment, Task
 
 TASK_FAMILIES = TASKS  # ("math", "qa", "fc")
 EnvFactory = Callable[[Task], Environment]
-_ADDED_KEYS = ("family", "source", "split", "choices")
+_ADDED_KEYS = RESERVED_METADATA_KEYS  # the data's suite refuses a row whose metadata holds one
 
 
 @dataclass(frozen=True)

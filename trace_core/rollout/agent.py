@@ -14,6 +14,7 @@ the next one, tokenised on its own::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,10 @@ class AgentConfig:
             raise ValueError(
                 f"max_total_tokens ({self.max_total_tokens}) must exceed max_new_tokens ({self.max_new_tokens})"
             )
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
 
 
 def render_prompt(tokenizer: Any, task: Task, tools: list[dict[str, Any]], config: AgentConfig) -> list[int]:

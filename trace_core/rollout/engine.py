@@ -89,7 +89,7 @@ class SamplingConfig:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # written so that nan fails too
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")

@@ -68,6 +68,9 @@ def check_method_budget(method: str, budget: BudgetConfig) -> None:
                          f"B = pool_factor·M(1+N)/G = {spec.pool_size} prompts: {err} ({keys})") from None
 
 
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")  # what EngineConfig (vLLM and the HF reference) accepts
+
+
 @dataclass
 class EngineSettings:
     """The rollout engine."""
@@ -80,6 +83,19 @@ class EngineSettings:
     gpu_memory_utilization: float = 0.4  # GPU share for vLLM when it shares the GPUs with training
     multiprocess: bool = False  # engine core in its own process (vLLM's serving layout)
     poll_timeout_s: float = 600.0  # one engine step longer than this counts as a hung engine (0 = no watchdog)
+
+    def __post_init__(self) -> None:
+        # The engine's own rules, checked when the configuration loads rather than at engine build
+        # (after the tracking run exists): a dtype either engine supports, positive sizes, a share.
+        if self.dtype not in ENGINE_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(ENGINE_DTYPES)}, got {self.dtype!r}")
+        for name in ("block_size", "max_model_len", "kv_cache_mb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must lie in (0, 1] (a share), got {self.gpu_memory_utilization}")
+        if not self.poll_timeout_s >= 0:
+            raise ValueError(f"poll_timeout_s must be >= 0 (0 = no watchdog), got {self.poll_timeout_s}")
 
     def engine_config(self, model_path: str, seed: int):
         """The :class:`~trace_core.rollout.engine.EngineConfig` of the engine on ``model_path``
@@ -161,6 +177,9 @@ class TrainConfig:
     predictor_warmup: PredictorWarmupConfig = field(default_factory=PredictorWarmupConfig)
 
     def __post_init__(self) -> None:
+        for key in ("policy_model", "output_dir"):
+            if not str(getattr(self, key)).strip():
+                raise ValueError(f"{key} must be a non-empty path, got {getattr(self, key)!r}")
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is not one of {', '.join(sorted(METHODS))}")
         if self.advantage is not None and self.advantage not in ADVANTAGE_ESTIMATORS:

@@ -3,6 +3,7 @@ importing torch. :mod:`trace_core.training.policy` and :mod:`trace_core.training
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from trace_core.tree_packing.config import DEFAULT_MAX_LOGITS, TreeAttentionConfig
@@ -17,12 +18,12 @@ class PPOLossConfig:
     kl_coef: float = 0.0  # weight of the KL penalty to the reference policy (0 = off)
 
     def __post_init__(self) -> None:
-        if self.clip_eps <= 0:
-            raise ValueError(f"clip_eps must be > 0, got {self.clip_eps}")
-        if self.clip_eps_high is not None and self.clip_eps_high <= 0:
-            raise ValueError(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if not (math.isfinite(self.clip_eps) and self.clip_eps > 0):
+            raise ValueError(f"clip_eps must be finite and > 0, got {self.clip_eps}")
+        if self.clip_eps_high is not None and not (math.isfinite(self.clip_eps_high) and self.clip_eps_high > 0):
+            raise ValueError(f"clip_eps_high must be finite and > 0 (or None), got {self.clip_eps_high}")
+        if not (math.isfinite(self.kl_coef) and self.kl_coef >= 0):
+            raise ValueError(f"kl_coef must be finite and >= 0, got {self.kl_coef}")
 
 
 @dataclass
@@ -51,8 +52,14 @@ class PolicyTrainConfig:
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.micro_batches < 1 or self.ppo_epochs < 1:
             raise ValueError("micro_batches and ppo_epochs must be >= 1")
-        if self.lr < 0:
-            raise ValueError(f"lr must be >= 0 (0 freezes the policy), got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr >= 0):
+            raise ValueError(f"lr must be finite and >= 0 (0 freezes the policy), got {self.lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if not (math.isfinite(self.grad_clip) and self.grad_clip >= 0):
+            raise ValueError(f"grad_clip must be finite and >= 0 (0 = off), got {self.grad_clip}")
         if self.dist_backend not in ("gloo", "nccl"):
             raise ValueError(f"dist_backend must be 'gloo' or 'nccl', got {self.dist_backend!r}")
         if self.dtype not in ("float32", "bfloat16"):
