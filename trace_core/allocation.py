@@ -24,6 +24,7 @@ import numpy as np
 
 from trace_core.advantages import AdvantageEstimator, get_advantage_estimator
 from trace_core.history import GresoConfig, HistoryView, PosteriorConfig, beta_posterior, greso_keep
+from trace_core.vip import VipRoots
 
 # Unit gains closer than this are treated as equal when the tie rules apply (method §2 "Ties").
 # With at most ~1e3 tied units per step the objective moves by < 1e-9, far below any objective gap the tests resolve.
@@ -1067,3 +1068,6 @@ register_method(Method("trace-posterior", PosteriorRoots(), prefixes_trace,
 register_method(Method("trace-posterior-thompson", PosteriorRoots(sample_posterior=True), prefixes_trace,
                        "method §2 roots on one posterior draw per prompt; exact method §3 prefixes",
                        explores_roots=True, uses_predictor=True))
+register_method(Method("vip", VipRoots(), None,
+                       "VIP: M(1+N)/G random prompts; a GP on recent outcomes predicts success and the budget M(1+N) "
+                       "is split between 2 and M_max to minimise the batch's gradient variance", uses_predictor=True))
