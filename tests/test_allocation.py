@@ -15,6 +15,7 @@ from trace_core.allocation import (
     METHODS,
     BudgetSpec,
     DynamicSampling,
+    DynamicSamplingConfig,
     GresoRoots,
     Method,
     PosteriorRoots,
@@ -31,6 +32,7 @@ from trace_core.allocation import (
     check_root_budget,
     explore_roots,
     get_method,
+    next_checked_round,
     prefix_objective,
     prefix_value,
     prefixes_trace,
@@ -417,7 +419,7 @@ def test_budget_spec_rules() -> None:
 
 
 def test_unknown_method_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown allocation method 'ppo'; known: dapo, greso, grpo, pcl"):
+    with pytest.raises(ValueError, match="unknown allocation method 'ppo'; known: dapo, dapo-capped, greso, grpo, pcl"):
         get_method("ppo")
 
 
@@ -465,7 +467,7 @@ def _view_with_streaks(streaks: list[int], step: int = 10) -> HistoryView:
 
 def test_greso_skips_filtered_prompts_and_fills_from_them_only_when_short():
     spec = BudgetSpec(roots_M=8, expansion_N=1, group_size_G=4, pool_factor=2)  # 4 prompts × 4 of a pool of 8
-    rule = GresoRoots(GresoConfig(readmit_probability=0.0))
+    rule = GresoRoots(GresoConfig(initial_p_easy=0.0, initial_p_hard=0.0, p_min=0.0, min_keep_probability=0.0))
     never = Method("greso-test", rule, None, "")
     v = np.full(spec.pool_size, 0.5)
     view = _view_with_streaks([1, 2, 0, 0, 0, 0, 3, 1])
@@ -480,29 +482,111 @@ def test_greso_skips_filtered_prompts_and_fills_from_them_only_when_short():
     assert greso.reads_history and not greso.uses_predictor and not greso.expands
     m = greso.allocate_roots(v, spec, np.random.default_rng(0))
     assert sorted(m.tolist()) == [0] * 4 + [4] * 4
+    # as its authors run it, the filter stands in front of dynamic sampling: it decides once which
+    # candidates the rounds may sample, and the rounds never sample a skipped one
+    assert greso.samples_in_rounds and greso.candidate_filter is greso.root_rule
+    strict = dataclasses.replace(greso, root_rule=rule, candidate_filter=rule)
+    eligible = strict.round_candidates(v, spec, np.random.default_rng(0), view)
+    assert np.flatnonzero(eligible).tolist() == [2, 3, 4, 5]
+    assert greso.round_candidates(v, spec, np.random.default_rng(0)).all()  # no history: every candidate
+    m = np.zeros(spec.pool_size, dtype=np.int64)
+    m_r = next_checked_round(strict.group_filter, v, m, 0, 0, spec, np.random.default_rng(0), eligible)
+    assert set(np.flatnonzero(m_r).tolist()) <= {2, 3, 4, 5} and m_r.any()
+    with pytest.raises(ValueError, match="needs a group_filter"):
+        Method("x", rule, None, "", candidate_filter=rule)
 
 
-def test_dynamic_sampling_rounds_stop_at_the_target_or_the_budget():
-    rule = get_method("dapo").group_filter
-    assert rule is not None and get_method("dapo").samples_in_rounds
+def _round(rule, v, sampled, mixed, spent, rounds, spec, seed=0):
+    return rule.next_round(v, ~sampled, mixed, spent, rounds, spec, np.random.default_rng(seed))
+
+
+def test_budget_capped_dynamic_sampling_rounds_stop_at_the_target_or_the_budget():
+    method = get_method("dapo-capped")
+    rule = method.group_filter
+    assert rule is not None and method.samples_in_rounds
     spec = BudgetSpec(roots_M=64, expansion_N=0)  # GRPO's batch: 8 prompts × 8; target 4 mixed, rounds of 2
     assert rule.target_groups(spec) == 4 and rule.round_prompts(spec) == 2
-    v, rng = np.full(spec.pool_size, 0.5), np.random.default_rng(0)
+    assert rule.limits(spec).max_rollouts == spec.total and rule.limits(spec).max_rounds is None
+    v = np.full(spec.pool_size, 0.5)
     sampled = np.zeros(spec.pool_size, dtype=bool)
-    m = rule.next_round(v, sampled, 0, 0, spec, rng)
+    m = _round(rule, v, sampled, 0, 0, 0, spec)
     assert sorted(m[m > 0].tolist()) == [8, 8]
     sampled |= m > 0
-    m2 = rule.next_round(v, sampled, 1, 16, spec, rng)
+    m2 = _round(rule, v, sampled, 1, 16, 1, spec)
     assert not (m2 > 0)[sampled].any() and (m2 > 0).sum() == 2  # fresh prompts only
-    assert not rule.next_round(v, sampled, 4, 16, spec, rng).any()  # the target is met: stop
-    assert not rule.next_round(v, sampled, 0, 64, spec, rng).any()  # the budget is spent: stop
-    assert (rule.next_round(v, sampled, 0, 56, spec, rng) > 0).sum() == 1  # the last round fits the budget
+    assert not _round(rule, v, sampled, 4, 16, 1, spec).any()  # the target is met: stop
+    assert not _round(rule, v, sampled, 0, 64, 4, spec).any()  # the budget is spent: stop
+    assert (_round(rule, v, sampled, 0, 56, 3, spec) > 0).sum() == 1  # the last round fits the budget
     # the filter drops one-outcome groups and trims mixed ones beyond the target, in sampling order
     mixed = np.array([True, False, True, True, False, True, True, True])
     assert rule.keep_groups(mixed, spec).tolist() == [True, False, True, True, False, True, False, False]
     # a caller that cannot sample in rounds gets every round at once: GRPO's allocation
-    m = get_method("dapo").allocate_roots(v, spec, rng)
+    m = method.allocate_roots(v, spec, np.random.default_rng(0))
     assert m.sum() == spec.total and set(m.tolist()) <= {0, 8}
+
+
+def test_dapo_as_published_fills_grpos_batch_and_stops_at_its_round_cap():
+    """verl's recipe/dapo: rounds of 3 × the batch's prompts, up to 10 rounds, until the batch
+    holds GRPO's M(1+N)/G mixed groups — spending what that takes, past M(1+N) if need be."""
+    rule = get_method("dapo").group_filter
+    assert rule is not None and rule.config == DynamicSamplingConfig()
+    spec = BudgetSpec(roots_M=64, expansion_N=0, pool_factor=40)  # a batch of 8 prompts; a pool of 320
+    assert rule.target_groups(spec) == 8 and rule.round_prompts(spec) == 24
+    limits = rule.limits(spec)
+    assert limits.max_rounds == 10 and limits.max_rollouts is None
+    v = np.full(spec.pool_size, 0.5)
+    sampled = np.zeros(spec.pool_size, dtype=bool)
+    m = _round(rule, v, sampled, 0, 0, 0, spec)
+    assert (m > 0).sum() == 24 and set(m[m > 0].tolist()) == {8}  # 192 rollouts: three times GRPO's 64
+    sampled |= m > 0
+    assert (_round(rule, v, sampled, 7, 192, 1, spec) > 0).sum() == 24  # one short: a second full round
+    assert not _round(rule, v, sampled, 8, 192, 1, spec).any()  # the batch is full
+    assert not _round(rule, v, sampled, 0, 192 * 10, 10, spec).any()  # ten rounds: the cap
+    # the rounds run out of candidates before the cap when the pool is small
+    small = BudgetSpec(roots_M=64, expansion_N=0)  # pool of 32: a round of 24, then the last 8
+    left = np.zeros(small.pool_size, dtype=bool)
+    left[:24] = True
+    assert (_round(rule, np.full(small.pool_size, 0.5), left, 2, 192, 1, small) > 0).sum() == 8
+    # the checked round holds the rule to its own cap, not to the equal budget
+    m = np.zeros(spec.pool_size, dtype=np.int64)
+    m[:240] = 8  # ten rounds' worth, past M(1+N) many times over
+    assert not next_checked_round(rule, v, m, 0, 10, spec, np.random.default_rng(0)).any()
+
+    class Eager(DynamicSampling):  # a rule that ignores its own cap is stopped before it rolls out
+        def next_round(self, v, available, mixed_groups, spent, rounds, spec, rng):
+            return super().next_round(v, available, mixed_groups, spent, 0, spec, rng)
+
+    with pytest.raises(AssertionError, match="cap of 10 rounds"):
+        next_checked_round(Eager(), v, m, 0, 10, spec, np.random.default_rng(0))
+    assert next_checked_round(Eager(), v, m, 0, 9, spec, np.random.default_rng(0)).sum() == 24 * 8
+
+
+def test_greso_rounds_are_sized_from_the_shortfall():
+    """GRESO's code: a first sampling batch of 1.5 × the training batch, later ones of
+    ⌊missing / (mixed share) × 1.25⌋ prompts, at least a quarter of the batch, at most the first."""
+    rule = get_method("greso").group_filter
+    spec = BudgetSpec(roots_M=128, expansion_N=0, pool_factor=8)  # a batch of 16 prompts × 8
+    v = np.full(spec.pool_size, 0.5)
+    sampled = np.zeros(spec.pool_size, dtype=bool)
+    assert (_round(rule, v, sampled, 0, 0, 0, spec) > 0).sum() == 24
+    sampled[:24] = True
+    # 6 of 24 groups mixed: 10 missing / 0.25 × 1.25 = 50 > 24: a full round
+    assert (_round(rule, v, sampled, 6, 24 * 8, 1, spec) > 0).sum() == 24
+    # 12 of 24 mixed: 4 / 0.5 × 1.25 = 10 prompts
+    assert (_round(rule, v, sampled, 12, 24 * 8, 1, spec) > 0).sum() == 10
+    # 15 of 24 mixed: 1 / 0.625 × 1.25 = 2, raised to a quarter of the batch (4)
+    assert (_round(rule, v, sampled, 15, 24 * 8, 1, spec) > 0).sum() == 4
+    # nothing mixed yet: no estimate, a full round
+    assert (_round(rule, v, sampled, 0, 24 * 8, 1, spec) > 0).sum() == 24
+    assert rule.limits(spec).max_rounds is None and rule.limits(spec).max_rollouts is None
+
+
+def test_bad_dynamic_sampling_config():
+    for kwargs, word in [({"target_fraction": 0.0}, "target_fraction"), ({"round_fraction": 0.0}, "round_fraction"),
+                         ({"max_rounds": -1}, "max_rounds"), ({"refill_margin": -1.0}, "refill_margin"),
+                         ({"min_round_fraction": 4.0}, "min_round_fraction")]:
+        with pytest.raises(ValueError, match=word):
+            DynamicSamplingConfig(**kwargs)
 
 
 def test_posterior_roots_are_the_exact_beta_solver_on_the_posterior():
@@ -546,8 +630,8 @@ def test_every_root_rule_is_one_interface_that_says_whether_it_reads_history():
         # a rule that reads history treats None as an empty history; one that reads none ignores it
         assert np.array_equal(rule(v, spec, np.random.default_rng(0), None),
                               rule(v, spec, np.random.default_rng(0), view))
-    assert {n for n, m in METHODS.items() if m.reads_history} == {"greso", "trace-posterior",
-                                                                  "trace-posterior-thompson"}
+    readers = {"greso", "trace-posterior", "trace-posterior-thompson"} | ({"vip"} & set(METHODS))
+    assert {n for n, m in METHODS.items() if m.reads_history} == readers
     assert not WithoutHistory(GresoRoots()).reads_history  # the memoryless ablation builds no view
     with pytest.raises(TypeError, match="StatelessRoots"):  # a bare function does not say whether it reads history
         Method("x", lambda v, spec, rng: np.zeros(v.shape[0], dtype=np.int64), None, "")
@@ -587,8 +671,42 @@ def test_exploration_is_a_rule_of_the_methods_that_explore():
             assert np.array_equal(explored, plain), name
             continue
         rng = np.random.default_rng(4)
-        want = explore_roots(method.allocate_roots(v, spec, rng), v, 0.5, rng, spec.max_per_prompt)
+        first = method.allocate_roots(v, spec, rng)
+
+        def own_rule(rest, budget, method=method, rng=rng):
+            return method.root_rule(v[rest], spec, rng, None, budget=budget)
+
+        want = explore_roots(first, v, 0.5, rng, spec.max_per_prompt, reallocate=own_rule)
         assert np.array_equal(explored, want) and explored.sum() == plain.sum(), name
+
+
+def test_exploration_keeps_the_posterior_rule_on_the_prompts_it_does_not_explore():
+    """Regression: exploration used to re-split the non-explored prompts with the point rule on
+    ``v``, so the posterior methods discarded their posterior whenever ``explore_fraction > 0``.
+    Now the rest is the exact posterior optimum of what is left, on the rest's own history rows."""
+    spec = BudgetSpec(roots_M=32, expansion_N=1)
+    rng = np.random.default_rng(7)
+    h = PromptHistory()
+    ids = list(range(spec.pool_size))
+    for step in range(4):
+        sel = ids[step::2]
+        n = rng.integers(2, 9, size=len(sel))
+        wins = rng.binomial(n, rng.random(len(sel)))
+        h.record(step, sel, wins, n - wins, rng.random(len(sel)))
+    view = h.view(ids, 4)
+    v = rng.random(spec.pool_size)
+    alpha, beta = beta_posterior(view, v, PosteriorConfig())
+    method = get_method("trace-posterior")
+    m = method.allocate_roots(v, spec, np.random.default_rng(0), history=view, explore_fraction=0.5)
+    plain = method.allocate_roots(v, spec, np.random.default_rng(0), history=view)
+    explored = np.flatnonzero((plain == 0) & (m == 2))  # skipped by the posterior rule, explored at 2
+    assert explored.size == int(0.5 * spec.roots_M) // 2 and m.sum() == spec.roots_M
+    rest = np.setdiff1d(np.arange(spec.pool_size), explored)
+    best = allocate_roots_beta(alpha[rest], beta[rest], spec.roots_M - 2 * explored.size, spec.max_per_prompt)
+    assert np.array_equal(m[rest], best)
+    # the old point rule on the rest scores below the posterior optimum on the posterior objective
+    point = allocate_roots(v[rest], spec.roots_M - 2 * explored.size, spec.max_per_prompt)
+    assert root_objective_beta(alpha[rest], beta[rest], m[rest]) > root_objective_beta(alpha[rest], beta[rest], point)
 
 
 def test_every_method_trains_with_the_tree_advantage_unless_told_otherwise():

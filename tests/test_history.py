@@ -13,7 +13,9 @@ from trace_core.history import (
     PromptHistory,
     beta_posterior,
     greso_keep,
-    uniform_streak,
+    greso_keep_probability,
+    greso_state,
+    outcome_streaks,
 )
 
 
@@ -66,37 +68,113 @@ def test_bad_records_and_views_are_errors(call, rule):
         call(h)
 
 
+def test_each_step_records_its_groups_and_the_record_round_trips():
+    h = PromptHistory(max_events=2)
+    h.record(0, ["a", "b", "c", "d"], [4, 0, 2, 0], [0, 4, 2, 0], [0.5] * 4)  # d got no rollouts
+    h.record(1, ["a", "c"], [4, 4], [0, 0], [0.5, 0.5])
+    h.record(1, ["e"], [0], [3], [0.5])  # a step recorded in two parts sums them
+    for step in (2, 3):
+        h.record(step, ["a"], [1], [1], [0.5])
+    assert [tuple(o.__dict__.values()) for o in h.steps()] == [
+        (0, 3, 1, 1, 0), (1, 3, 2, 1, 2), (2, 1, 0, 0, 1), (3, 1, 0, 0, 1)]
+    # the steps are the run's, not a prompt's: never truncated, and every view row shares them
+    assert len(h.events("a")) == 2
+    assert h.view(["zzz"], 2).steps.tolist() == [[0, 3, 1, 1, 0], [1, 3, 2, 1, 2]]
+    back = PromptHistory.from_json(h.to_json())
+    assert back == h and back.steps() == h.steps()
+    old = {**h.to_dict(), "format": "trace-rl/prompt-history/v1"}  # a record from before the step totals
+    del old["steps"]
+    assert PromptHistory.from_dict(old).steps() == () and PromptHistory.from_dict(old).events("a") == h.events("a")
+
+
 # ---------------------------------------------------------------------------- GRESO's filter
-def test_uniform_streak_counts_the_newest_one_outcome_groups():
+def test_streaks_of_all_success_and_all_failure_are_counted_apart():
     h = _history({
         "mixed-last": [(0, 4, 0, 0.5), (1, 2, 2, 0.5)],
-        "two-uniform": [(0, 1, 3, 0.5), (1, 4, 0, 0.5), (2, 0, 4, 0.5)],
+        "easy-then-hard": [(0, 1, 3, 0.5), (1, 4, 0, 0.5), (2, 0, 4, 0.5)],
         "none": [],
-        "all-uniform": [(0, 0, 2, 0.5)],
+        "hard-2": [(0, 4, 0, 0.5), (1, 0, 2, 0.5), (2, 0, 3, 0.5)],
+        "easy-3": [(0, 4, 0, 0.5), (1, 4, 0, 0.5), (2, 2, 0, 0.5)],
     })
-    assert uniform_streak(h.view(["mixed-last", "two-uniform", "none", "all-uniform"], 3)).tolist() == [0, 2, 0, 1]
+    easy, hard = outcome_streaks(h.view(["mixed-last", "easy-then-hard", "none", "hard-2", "easy-3"], 3))
+    assert easy.tolist() == [0, 0, 0, 0, 3]
+    assert hard.tolist() == [0, 1, 0, 2, 0]
 
 
-def test_greso_keeps_a_streak_of_z_with_probability_p_to_the_z_minus_k_plus_1():
-    h = _history({"z1": [(0, 0, 4, 0.5)], "z3": [(0, 4, 0, 0.5), (1, 4, 0, 0.5), (2, 0, 4, 0.5)],
+def test_keep_probabilities_by_hand_for_mixed_and_pure_streaks_and_the_floor():
+    """No step recorded a recurrence, so both probabilities are still the initial 0.5."""
+    h = _history({
+        "easy-hard": [(0, 8, 0, 0.5), (1, 0, 8, 0.5)],  # counted apart: a hard streak of 1, not 2
+        "hard-3": [(0, 0, 8, 0.5), (1, 0, 8, 0.5), (2, 0, 8, 0.5)],
+        "easy-2": [(1, 8, 0, 0.5), (2, 8, 0, 0.5)],
+        "broken": [(0, 0, 8, 0.5), (1, 3, 5, 0.5), (2, 8, 0, 0.5)],  # the mixed group ends the streak
+        "mixed": [(2, 4, 4, 0.5)],
+        "new": [],
+    })
+    cfg = GresoConfig(adapt_from_recurrence=False, step_size=0.0)  # the pair stays at its initial values
+    view = h.view(["easy-hard", "hard-3", "easy-2", "broken", "mixed", "new"], 3)
+    np.testing.assert_allclose(greso_keep_probability(view, cfg), [0.5, 0.125, 0.25, 0.5, 1.0, 1.0])
+    # separate probabilities: p_easy for all-success streaks, p_hard for all-failure ones
+    two = GresoConfig(initial_p_easy=0.9, initial_p_hard=0.2, adapt_from_recurrence=False, step_size=0.0)
+    # (hard-3: 0.2^3 = 0.008, floored to 0.01)
+    np.testing.assert_allclose(greso_keep_probability(view, two), [0.2, 0.01, 0.81, 0.9, 1.0, 1.0])
+    # the floor: 8 all-failure groups keep max(0.5^8, 0.01) = 0.01, not 0.0039
+    long = _history({"a": [(s, 0, 8, 0.5) for s in range(8)]})
+    assert greso_keep_probability(long.view(["a"], 8), cfg)[0] == pytest.approx(0.01)
+    assert greso_keep_probability(long.view(["a"], 8), GresoConfig(min_keep_probability=0.0, step_size=0.0,
+                                                                   adapt_from_recurrence=False))[0] == 0.5 ** 8
+
+
+def test_greso_draws_match_the_keep_probabilities():
+    h = _history({"hard": [(0, 0, 4, 0.5)], "easy3": [(0, 4, 0, 0.5), (1, 4, 0, 0.5), (2, 4, 0, 0.5)],
                   "mixed": [(2, 1, 3, 0.5)], "new": []})
     n = 20_000
-    view = h.view(["z1", "z3", "mixed", "new"] * n, 3)
-    for k, p in [(1, 0.5), (2, 0.7)]:
-        keep = greso_keep(view, GresoConfig(streak_k=k, readmit_probability=p), np.random.default_rng(0)).reshape(n, 4)
-        want = [1.0 if 1 < k else p ** (1 - k + 1), p ** (3 - k + 1), 1.0, 1.0]
-        for col in range(4):
-            se = np.sqrt(want[col] * (1 - want[col]) / n)
-            assert abs(keep[:, col].mean() - want[col]) <= 5 * se + 1e-12, (k, p, col)
-    never = greso_keep(view, GresoConfig(readmit_probability=0.0), np.random.default_rng(1)).reshape(n, 4)
-    assert not never[:, :2].any() and never[:, 2:].all()
+    view = h.view(["hard", "easy3", "mixed", "new"] * n, 3)
+    cfg = GresoConfig(adapt_from_recurrence=False, step_size=0.0)
+    keep = greso_keep(view, cfg, np.random.default_rng(0)).reshape(n, 4)
+    for col, want in enumerate([0.5, 0.125, 1.0, 1.0]):
+        se = np.sqrt(want * (1 - want) / n)
+        assert abs(keep[:, col].mean() - want) <= 5 * se + 1e-12, col
+
+
+def test_both_probabilities_adapt_every_step_towards_their_targets():
+    """A scripted run of 100-group steps: the share of all-success (all-failure) groups against
+    the targets 1/12 and 1/6 moves p_easy (p_hard) by 0.01 a step, clamped to [0.05, 0.95]."""
+    cfg = GresoConfig()
+    assert (cfg.target_easy, cfg.target_hard) == pytest.approx((0.25 / 3, 0.5 / 3))
+    script = [  # (all-success, all-failure) of 100 groups; the first step has no recurring prompt
+        (50, 50),  # first pass over the data: not counted
+        (50, 50),  # both above target: both down
+        (5, 50),  # easy below target (0.05 < 0.083): p_easy up; hard above: down
+        (9, 10),  # easy above (0.09 >= 0.083): down; hard below (0.10 < 0.167): up
+        (8, 17),  # easy below: up; hard exactly at target (0.17 >= 0.167): down
+    ]
+    want = [(0.5, 0.5), (0.5, 0.5), (0.49, 0.49), (0.5, 0.48), (0.49, 0.49), (0.5, 0.48)]
+    h = PromptHistory()
+    for step, (easy, hard) in enumerate(script):
+        assert tuple(greso_state(h.view([], step), cfg).__dict__.values()) == pytest.approx(want[step]), step
+        ids = [f"p{i}" for i in range(100)]
+        wins = [4] * easy + [0] * hard + [2] * (100 - easy - hard)
+        h.record(step, ids, wins, [4 - w for w in wins], [0.5] * 100)
+    assert tuple(greso_state(h.view([], 5), cfg).__dict__.values()) == pytest.approx(want[5])
+    # the clamp: a long run of all-failure steps takes p_hard to 0.05 and no lower; p_easy to 0.95
+    for step in range(5, 60):
+        h.record(step, [f"p{i}" for i in range(10)], [0] * 10, [4] * 10, [0.5] * 10)
+    state = greso_state(h.view([], 60), cfg)
+    assert (state.p_easy, state.p_hard) == pytest.approx((0.95, 0.05))
+    # the state is a function of the record: a resumed run continues where it stopped
+    assert greso_state(PromptHistory.from_json(h.to_json()).view([], 60), cfg) == state
+    # without the first-pass rule every step adapts from the first
+    eager = GresoConfig(adapt_from_recurrence=False)
+    assert greso_state(_history({"a": [(0, 4, 0, 0.5)]}).view([], 1), eager).p_easy == pytest.approx(0.49)
 
 
 def test_bad_greso_config():
-    with pytest.raises(ValueError, match="streak_k"):
-        GresoConfig(streak_k=0)
-    with pytest.raises(ValueError, match="readmit_probability"):
-        GresoConfig(readmit_probability=1.5)
+    for kwargs, word in [({"initial_p_easy": 1.5}, "initial_p_easy"), ({"target_hard": -0.1}, "target_hard"),
+                         ({"step_size": -0.01}, "step_size"), ({"p_min": 0.6, "p_max": 0.4}, "p_min"),
+                         ({"min_keep_probability": 2.0}, "min_keep_probability")]:
+        with pytest.raises(ValueError, match=word):
+            GresoConfig(**kwargs)
 
 
 # ---------------------------------------------------------------------------- the posterior

@@ -7,7 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from trace_core.allocation import METHODS, BudgetSpec, get_method
+from trace_core.allocation import METHODS, BudgetSpec, GresoRoots, RoundLimits, get_method
+from trace_core.history import GresoConfig, PromptHistory
 from trace_core.rollout.agent import AgentConfig, observation_text
 from trace_core.rollout.env import Action, FixedTurnsEnvironment, Observation, Task, parse_action
 from trace_core.rollout.executor import TreeRolloutExecutor, expansion_of
@@ -196,7 +197,7 @@ def test_rounds_never_exceed_the_budget_and_dropped_groups_are_counted(engine, t
     from trace_core.metrics import is_success
 
     spec = BudgetSpec(roots_M=8, expansion_N=1, group_size_G=4, max_per_prompt=4, pool_factor=2)
-    dapo = get_method("dapo")
+    dapo = get_method("dapo-capped")  # the budget-capped variant: M(1+N) is its cap
     rule = dapo.group_filter
     pool = tasks(spec.pool_size, turns=2)
 
@@ -232,14 +233,17 @@ def test_rounds_never_exceed_the_budget_and_dropped_groups_are_counted(engine, t
         assert flags[-1]  # the last round is the one that reached the target
     assert sorted(t.prompt_id for t in r.trees) == sorted(t.id for t, mi in zip(pool, coin.m, strict=True) if mi)
 
-    class Overspend:  # a rule that asks for more than the budget is stopped before it rolls out
-        def next_round(self, v, sampled, mixed_groups, spent, spec, rng):
+    class Overspend:  # a rule that asks for more than its cap is stopped before it rolls out
+        def next_round(self, v, available, mixed_groups, spent, rounds, spec, rng):
             out = np.zeros(v.shape[0], dtype=np.int64)
-            out[~sampled] = spec.total
+            out[available] = spec.total
             return out
 
         def keep_groups(self, flags, spec):
             return np.asarray(flags, dtype=bool)
+
+        def limits(self, spec):
+            return RoundLimits(None, spec.total)
 
     import dataclasses
 
@@ -250,6 +254,33 @@ def test_rounds_never_exceed_the_budget_and_dropped_groups_are_counted(engine, t
     assert engine.num_pending == 0
     with pytest.raises(ValueError, match="no round rule"):
         executor.run_in_rounds(pool, np.full(spec.pool_size, 0.5), get_method("grpo"), spec, np.random.default_rng(0))
+
+
+def test_published_rounds_spend_past_the_budget_and_skip_what_the_filter_skips(engine, tokenizer) -> None:
+    import dataclasses
+
+    spec = BudgetSpec(roots_M=8, expansion_N=1, group_size_G=4, max_per_prompt=4, pool_factor=2)
+    pool = tasks(spec.pool_size, turns=2)
+
+    def never(task: Task) -> FixedTurnsEnvironment:
+        return FixedTurnsEnvironment(num_turns=task.metadata["turns"], success_rate=0.0)
+
+    executor = TreeRolloutExecutor(engine, tokenizer, never, AGENT, tool_workers=0)
+    # DAPO as published: nothing is ever mixed, so it samples until the candidates run out (a
+    # round of 3 × 4 prompts, capped by the pool's 8), spending twice M(1+N), all of it counted
+    r = executor.run_in_rounds(pool, np.full(spec.pool_size, 0.5), get_method("dapo"), spec,
+                               np.random.default_rng(0)).result
+    assert r.stats.trajectories == 8 * 4 == 2 * spec.total and r.rounds == 1 and not any(r.kept)
+    # GRESO's filter in front of the rounds: the history says prompts 0..3 were all failures;
+    # with no re-admission they are never rolled out
+    history = PromptHistory()
+    history.record(0, [t.id for t in pool[:4]], [0] * 4, [4] * 4, [0.5] * 4)
+    strict = GresoRoots(GresoConfig(initial_p_easy=0.0, initial_p_hard=0.0, p_min=0.0, min_keep_probability=0.0))
+    greso = dataclasses.replace(get_method("greso"), root_rule=strict, candidate_filter=strict)
+    rounds = executor.run_in_rounds(pool, np.full(spec.pool_size, 0.5), greso, spec, np.random.default_rng(0),
+                                    history=history.view([t.id for t in pool], 1))
+    assert rounds.m[:4].sum() == 0 and (rounds.m[4:] == 4).all()
+    assert rounds.result.stats.trajectories == 16 == int(rounds.m.sum())
 
 
 def test_anchor_predictions_come_back_per_tree_and_nan_where_not_scored(engine, tokenizer) -> None:

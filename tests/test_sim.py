@@ -16,7 +16,7 @@ from trace_core.allocation import (
     allocate_roots_beta,
     get_method,
 )
-from trace_core.history import GresoConfig, PosteriorConfig, PromptHistory, beta_posterior
+from trace_core.history import GresoConfig, PosteriorConfig, PromptHistory, beta_posterior, greso_state
 from trace_core.metrics import allocation_stats, anchor_allocation, effective_ratio, spearman, step_metrics
 from trace_core.sim import (
     HistoryBatch,
@@ -143,10 +143,15 @@ def test_every_method_spends_exactly_the_equal_budget(method, shape):
     trees = result.trees
     spent = sum(len(t.trajectories) for t in trees)
     assert spent == result.trajectories
-    if METHODS[method].samples_in_rounds:  # the budget is a cap: stopping short needs the target met
+    if METHODS[method].samples_in_rounds:  # it spends what its rounds sample, within its own limits
         rule = METHODS[method].group_filter
-        assert spent == spec.total or result.metrics["counts/mixed_groups_trained"] == rule.target_groups(spec)
-        assert spent <= spec.total
+        limits = rule.limits(spec)
+        if limits.max_rollouts is not None:
+            assert spent <= limits.max_rollouts
+        # the rounds stop at the target, at a cap, or when the candidates run out (i.i.d.: no filter)
+        assert (result.metrics["counts/mixed_groups_trained"] == rule.target_groups(spec)
+                or spent == limits.max_rollouts or result.rounds == limits.max_rounds
+                or (result.pool_m > 0).all())
     else:
         assert spent == spec.total
     bare = sum(t.kind == "bare" for tree in trees for t in tree.trajectories)
@@ -422,7 +427,8 @@ def test_greso_skips_prompts_it_saw_uniform():
                     hits += past[-1].successes == 0 or past[-1].failures == 0
         return hits / seen, seen
 
-    strict_rule = GresoRoots(GresoConfig(readmit_probability=0.0))  # a filtered prompt is never re-admitted
+    # a filtered prompt is never re-admitted
+    strict_rule = GresoRoots(GresoConfig(initial_p_easy=0.0, initial_p_hard=0.0, p_min=0.0, min_keep_probability=0.0))
     strict = Method("greso-strict", strict_rule, None, "")
     greso, n_greso = selected_uniform_share(strict)
     grpo, n_grpo = selected_uniform_share("grpo")
@@ -431,17 +437,17 @@ def test_greso_skips_prompts_it_saw_uniform():
     # GRPO re-samples prompts whatever their last group was (mostly one outcome under the
     # U-shaped prior); strict GRESO re-samples one it saw uniform only to fill places when fewer
     # candidates pass than it needs (rare here); the default re-admits such a prompt with
-    # probability 1/2 per streak step
+    # probability p^z (p about 1/2) and samples in rounds from what it kept
     assert grpo > 0.5 and greso < 0.05 and greso < default < grpo
 
 
-def test_dapo_samples_in_rounds_and_trains_only_on_the_first_mixed_groups():
+def test_capped_dapo_samples_in_rounds_and_trains_only_on_the_first_mixed_groups():
     spec = BudgetSpec(128, 0)
-    rule = get_method("dapo").group_filter
+    rule = get_method("dapo-capped").group_filter
     for kind, seed in (("easy", 0), ("hard", 1)):
         # a pool of near-coin prompts reaches the target early; the default pool spends the budget
         config = SimConfig(difficulty_beta=50.0) if kind == "easy" else SimConfig()
-        r = run_step("dapo", spec, OraclePredictor(), np.random.default_rng(seed), config)
+        r = run_step("dapo-capped", spec, OraclePredictor(), np.random.default_rng(seed), config)
         mixed = np.array([len(set(t.outcomes() > 0.5)) == 2 for t in r.trees])
         trained = r.metrics["counts/mixed_groups_trained"]
         assert r.tree_kept.sum() == min(mixed.sum(), rule.target_groups(spec)) == trained
@@ -451,6 +457,52 @@ def test_dapo_samples_in_rounds_and_trains_only_on_the_first_mixed_groups():
             assert r.trajectories < spec.total and r.rounds < spec.total // 8 // rule.round_prompts(spec)
         else:
             assert r.trajectories == spec.total and r.rounds == 4
+
+
+def test_published_dapo_fills_grpos_batch_and_reports_what_it_spent():
+    spec = BudgetSpec(128, 0)  # GRPO trains 16 groups; a pool of 64 candidates
+    rule = get_method("dapo").group_filter
+    for kind, seed in (("easy", 0), ("hard", 1)):
+        config = SimConfig(difficulty_beta=50.0) if kind == "easy" else SimConfig()
+        r = run_step("dapo", spec, OraclePredictor(), np.random.default_rng(seed), config)
+        mixed = np.array([len(set(t.outcomes() > 0.5)) == 2 for t in r.trees])
+        trained = r.metrics["counts/mixed_groups_trained"]
+        assert r.tree_kept.sum() == min(mixed.sum(), rule.target_groups(spec)) == trained
+        # it spends past M(1+N): a first round of 48 prompts × 8, and every rollout is counted
+        assert r.trajectories == 8 * int((r.pool_m > 0).sum()) == r.metrics["counts/rollouts"] > spec.total
+        assert r.metrics["counts/dropped_rollouts"] == r.trajectories - 8 * int(r.tree_kept.sum())
+        if kind == "easy":  # near-coin prompts: one round fills the batch
+            assert r.rounds == 1 and r.tree_kept.sum() == 16
+        else:  # the U-shaped pool needs the last 16 candidates too
+            assert r.rounds == 2 and (r.pool_m > 0).all()
+
+
+def test_greso_filters_in_front_of_dynamic_sampling_on_the_simulator():
+    """GRESO as its authors run it: the pre-rollout filter decides once which candidates the
+    rounds may sample; the rounds never touch a skipped one; every sampled group is recorded (and
+    feeds the adaptive probabilities); only the first mixed groups up to GRPO's batch are trained."""
+    spec = BudgetSpec(128, 0)
+    method = get_method("greso")
+    pool = PersistentPool(spec.pool_size, SimConfig(), seed=2)
+    history = PromptHistory()
+    predictor = OraclePredictor()
+    for s in range(8):
+        step = pool.step
+        probe = np.random.default_rng([9, s])
+        ids = pool.candidate_ids()[probe.permutation(spec.pool_size)]
+        view = history.view(ids, step)
+        eligible = method.round_candidates(np.full(spec.pool_size, 0.5), spec, probe, view)
+        r = run_step("greso", spec, predictor, np.random.default_rng([9, s]), pool=pool, history=history)
+        np.testing.assert_array_equal(r.pool_ids, ids)
+        assert not (r.pool_m[~eligible] > 0).any()  # a skipped candidate is never rolled out
+        assert history.steps()[-1].groups == int((r.pool_m > 0).sum())  # every sampled group recorded
+        mixed = np.array([len(set(t.outcomes() > 0.5)) == 2 for t in r.trees])
+        assert r.tree_kept.sum() == min(mixed.sum(), 16) and not (r.tree_kept & ~mixed).any()
+        if s >= 2:
+            assert (~eligible).any()  # prompts seen uniform are being skipped
+    # the adaptive probabilities moved from their initial 0.5 once prompts recurred
+    state = greso_state(history.view([], pool.step), GresoConfig())
+    assert (state.p_easy, state.p_hard) != (0.5, 0.5)
 
 
 def test_mixed_group_metrics_of_an_ordinary_step():

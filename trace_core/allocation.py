@@ -7,8 +7,9 @@ and are never used as a silent fallback. The posterior-aware root solver
 
 Beside the method §4 baselines, the registry holds methods whose root rule remembers prompts
 across steps (GRESO, the posterior-aware TRACE roots: a :class:`RootRule` that reads a
-:class:`~trace_core.history.HistoryView`) and one whose group filter samples in rounds (DAPO's
-dynamic sampling: a :class:`RoundRule`). Each is a field of :class:`Method`, as are method §5's
+:class:`~trace_core.history.HistoryView`) and those whose group filter samples in rounds (DAPO's
+dynamic sampling: a :class:`RoundRule`, with GRESO's skip filter in front of it as a
+:class:`CandidateFilter`). Each is a field of :class:`Method`, as are method §5's
 root exploration (:func:`explore_roots`) and the advantage estimator the method trains with;
 nothing reads a method's name.
 """
@@ -269,13 +270,16 @@ def root_objective(v: object, m: object) -> float:
 
 # ============================================================================ method §5: root exploration
 def explore_roots(
-    m: np.ndarray, v: np.ndarray, fraction: float, rng: np.random.Generator, max_per_prompt: int = 16
+    m: np.ndarray, v: np.ndarray, fraction: float, rng: np.random.Generator, max_per_prompt: int = 16,
+    reallocate: Callable[[np.ndarray, int], np.ndarray] | None = None,
 ) -> np.ndarray:
     """method §5's ``explore_fraction``: re-split the root budget ``Σ m`` so that
     ``k = ⌊fraction · Σm / 2⌋`` prompts skipped by ``m`` (capped by how many there are, and so
     that no single rollout is left over), drawn uniformly, get ``m = 2``; the remaining
-    ``Σm − 2k`` rollouts are re-allocated exactly (:func:`allocate_roots`) over the other prompts.
-    ``fraction = 0`` returns ``m`` unchanged. The budget ``Σ m`` is preserved.
+    ``Σm − 2k`` rollouts are re-allocated over the other prompts by ``reallocate(rest, budget)``
+    (``rest``: their indices, ascending; it returns their counts) — the method's own root rule
+    (:meth:`Method.allocate_roots` passes it), or, when None, the point rule :func:`allocate_roots`
+    on ``v``. ``fraction = 0`` returns ``m`` unchanged. The budget ``Σ m`` is preserved.
 
     Why: a skipped prompt gets no tree and so no target, so a confident wrong prediction of 0 or
     1 is never corrected. :meth:`Method.allocate_roots` applies it to the methods that explore."""
@@ -300,7 +304,13 @@ def explore_roots(
     rest = np.setdiff1d(np.arange(m.size), explored)
     remaining = budget - 2 * k
     if remaining:
-        out[rest] = allocate_roots(v[rest], remaining, max_per_prompt)
+        if reallocate is None:
+            out[rest] = allocate_roots(v[rest], remaining, max_per_prompt)
+        else:
+            m_rest = np.asarray(reallocate(rest, remaining), dtype=np.int64)
+            if m_rest.shape != rest.shape or int(m_rest.sum()) != remaining:
+                raise AssertionError(f"the root rule re-split {int(m_rest.sum())} rollouts, expected {remaining}")
+            out[rest] = m_rest
     return out
 
 
@@ -695,13 +705,19 @@ class RootRule(Protocol):
     :class:`~trace_core.history.HistoryView` with one row per candidate, so a checkpoint holds it
     and the trainer and the simulator share it. ``reads_history`` tells a caller whether building
     that view is worth it; a rule that reads none ignores ``history``, and one that does treats
-    ``None`` as an empty history (a first step, or a caller that keeps no history)."""
+    ``None`` as an empty history (a first step, or a caller that keeps no history).
+
+    ``budget``, when given, replaces the root rollouts the rule spends (its default: ``spec.roots_M``
+    for an expanding method's rule, ``spec.total`` otherwise): method §5's exploration re-runs the
+    rule of a method that explores on the prompts it does not explore, with what is left. Only
+    such rules take it; the others raise on it."""
 
     @property
     def reads_history(self) -> bool: ...
 
     def __call__(
-        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None,
+        budget: int | None = None,
     ) -> np.ndarray: ...
 
 
@@ -710,15 +726,17 @@ class StatelessRoots:
     """A root rule that decides from the step's predictions alone (GRPO, PCL, TRACE's roots): a
     plain ``(v, spec, rng) → m`` function, which keeps nothing across steps and so ignores any
     history. Used as a decorator, the function's own name becomes the :class:`RootRule`, still
-    callable as ``rule(v, spec, rng)``."""
+    callable as ``rule(v, spec, rng)``. A ``budget`` is handed on as the keyword ``budget``, which
+    only a function that takes part in exploration accepts (TRACE's roots)."""
 
-    choose: Callable[[np.ndarray, BudgetSpec, np.random.Generator], np.ndarray]
+    choose: Callable[..., np.ndarray]
     reads_history: ClassVar[bool] = False
 
     def __call__(
-        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None,
+        budget: int | None = None,
     ) -> np.ndarray:
-        return self.choose(v, spec, rng)
+        return self.choose(v, spec, rng) if budget is None else self.choose(v, spec, rng, budget=budget)
 
 
 PrefixRule = Callable[[np.ndarray, np.ndarray, int, np.ndarray, np.random.Generator], np.ndarray]
@@ -757,9 +775,9 @@ def roots_pcl(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.n
 
 
 @StatelessRoots
-def roots_trace(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator) -> np.ndarray:
-    """TRACE stage 1: the exact optimum of method §2 with budget M."""
-    return allocate_roots(v, spec.roots_M, spec.max_per_prompt)
+def roots_trace(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, budget: int | None = None) -> np.ndarray:
+    """TRACE stage 1: the exact optimum of method §2 with budget M (or ``budget``)."""
+    return allocate_roots(v, spec.roots_M if budget is None else budget, spec.max_per_prompt)
 
 
 def prefixes_trace(p: np.ndarray, r: np.ndarray, budget: int, turn: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -790,33 +808,65 @@ class WithoutHistory:
     reads_history: ClassVar[bool] = False
 
     def __call__(
-        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None,
+        budget: int | None = None,
     ) -> np.ndarray:
-        return self.rule(v, spec, rng, HistoryView.empty(v.shape[0]))
+        empty = HistoryView.empty(v.shape[0])
+        return self.rule(v, spec, rng, empty) if budget is None else self.rule(v, spec, rng, empty, budget=budget)
+
+
+@runtime_checkable
+class CandidateFilter(Protocol):
+    """A pre-rollout filter: which of the step's candidates a method's rounds may sample at all
+    (GRESO's skip filter in front of dynamic sampling). Decided once per step, before the first
+    round, from the predictions and, where ``reads_history``, the candidates' history."""
+
+    @property
+    def reads_history(self) -> bool: ...
+
+    def keep(
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None
+    ) -> np.ndarray:
+        """bool (B,): the candidates that pass."""
+        ...
 
 
 @dataclass(frozen=True)
 class GresoRoots:
-    """GRESO (arXiv 2506.02177): ``M(1+N)/G`` prompts × ``G``, no expansion, skipping before rollout
-    the prompts whose recent groups were all one outcome (:func:`~trace_core.history.greso_keep`).
-    The kept candidates are taken in random order; if fewer are kept than needed, filtered ones
-    fill the rest in random order (GRESO would draw more prompts from the dataset; our pool is
-    the step's candidates). With no history it is GRPO's uniform rule."""
+    """GRESO (arXiv 2506.02177): its pre-rollout filter (:func:`~trace_core.history.greso_keep`:
+    a prompt whose newest groups were all successes, or all failures, is skipped with a probability
+    that grows with the streak, under two probabilities adapted every step from the recorded
+    zero-variance shares) and ``G`` rollouts per prompt, no expansion.
+
+    As a :class:`CandidateFilter` (:meth:`keep`) it stands in front of the dynamic sampling its
+    authors run it with (the ``greso`` method). As a root rule, for a caller that cannot sample
+    in rounds, it takes ``M(1+N)/G`` prompts: the kept candidates in random order, then, if fewer
+    are kept than needed, filtered ones in random order (GRESO would draw more prompts from the
+    dataset; our pool is the step's candidates). With no history both are GRPO's uniform rule."""
 
     config: GresoConfig = GresoConfig()
     reads_history: ClassVar[bool] = True
 
-    def __call__(
+    def keep(
         self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
     ) -> np.ndarray:
-        n, B = spec.total // spec.group_size_G, v.shape[0]
-        if n > B:
-            raise ValueError(f"need {n} prompts of {spec.group_size_G} rollouts but the pool holds only {B}")
+        B = v.shape[0]
         if history is None:
             history = HistoryView.empty(B)
         if len(history) != B:
             raise ValueError(f"history has {len(history)} rows for a pool of {B} prompts")
-        keep = greso_keep(history, self.config, rng)
+        return greso_keep(history, self.config, rng)
+
+    def __call__(
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None,
+        budget: int | None = None,
+    ) -> np.ndarray:
+        if budget is not None:
+            raise ValueError("GRESO's roots take G rollouts per prompt; they do not re-split a budget")
+        n, B = spec.total // spec.group_size_G, v.shape[0]
+        if n > B:
+            raise ValueError(f"need {n} prompts of {spec.group_size_G} rollouts but the pool holds only {B}")
+        keep = self.keep(v, spec, rng, history)
         order = rng.permutation(B)
         ranked = np.concatenate([order[keep[order]], order[~keep[order]]])
         m = np.zeros(B, dtype=np.int64)
@@ -829,98 +879,155 @@ class PosteriorRoots:
     """TRACE's roots on a Beta posterior per prompt (:func:`~trace_core.history.beta_posterior`:
     the predictor's prior with ``prior_strength`` pseudo-rollouts plus the prompt's own discounted
     bare root outcomes): the exact :func:`allocate_roots_beta`, or, with ``sample_posterior``,
-    :func:`allocate_roots_thompson` on one draw per prompt. Budget M, as TRACE's roots."""
+    :func:`allocate_roots_thompson` on one draw per prompt. Budget M (or ``budget``), as TRACE's roots."""
 
     config: PosteriorConfig = PosteriorConfig()
     sample_posterior: bool = False  # True: Thompson (one posterior draw per prompt); False: the exact expectation
     reads_history: ClassVar[bool] = True
 
     def __call__(
-        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None,
+        budget: int | None = None,
     ) -> np.ndarray:
         if history is None:
             history = HistoryView.empty(v.shape[0])
         if len(history) != v.shape[0]:
             raise ValueError(f"history has {len(history)} rows for a pool of {v.shape[0]} prompts")
         alpha, beta = beta_posterior(history, v, self.config)
+        roots = spec.roots_M if budget is None else int(budget)
         if self.sample_posterior:
-            return allocate_roots_thompson(alpha, beta, spec.roots_M, spec.max_per_prompt, rng)
-        return allocate_roots_beta(alpha, beta, spec.roots_M, spec.max_per_prompt)
+            return allocate_roots_thompson(alpha, beta, roots, spec.max_per_prompt, rng)
+        return allocate_roots_beta(alpha, beta, roots, spec.max_per_prompt)
+
+
+@dataclass(frozen=True)
+class RoundLimits:
+    """What a round rule may spend in one step. ``None``: no such cap (the pool still bounds it)."""
+
+    max_rounds: int | None  # sampling rounds a step
+    max_rollouts: int | None  # bare rollouts a step, over all its rounds
 
 
 class RoundRule(Protocol):
     """A group filter and the rounds that feed it: before each round the rule sees what the earlier
     rounds produced and returns the round's bare rollouts per candidate (all zeros: stop); after
     the last round it says which groups the policy trains on. The two halves are one rule because
-    the rounds exist to fill the filter (DAPO samples until enough groups pass it). The budget
-    ``spec.total`` is a cap for such a method, not an amount it must spend."""
+    the rounds exist to fill the filter (DAPO samples until enough groups pass it). A round rule
+    spends what its rounds spend, within its own :meth:`limits` (a cap on rounds, on rollouts, or
+    both), which the caller checks (:func:`next_checked_round`) and reports as spent."""
 
     def next_round(
-        self, v: np.ndarray, sampled: np.ndarray, mixed_groups: int, spent: int, spec: BudgetSpec,
+        self, v: np.ndarray, available: np.ndarray, mixed_groups: int, spent: int, rounds: int, spec: BudgetSpec,
         rng: np.random.Generator,
     ) -> np.ndarray:
-        """``sampled``: bool (B,), candidates that already got rollouts; ``mixed_groups``: groups so
-        far holding both outcomes; ``spent``: rollouts so far."""
+        """``available``: bool (B,), candidates the round may sample (not sampled yet, and not
+        skipped by the method's pre-rollout filter); ``mixed_groups``: groups so far holding both
+        outcomes; ``spent``: bare rollouts so far; ``rounds``: rounds so far."""
         ...
 
     def keep_groups(self, mixed: np.ndarray, spec: BudgetSpec) -> np.ndarray:
         """bool mask over the sampled groups, given in sampling order with ``mixed`` flags."""
         ...
 
+    def limits(self, spec: BudgetSpec) -> RoundLimits:
+        """The caps the rounds of one step stay within."""
+        ...
+
 
 def next_checked_round(
-    rule: RoundRule, v: np.ndarray, m: np.ndarray, mixed_groups: int, spec: BudgetSpec, rng: np.random.Generator,
+    rule: RoundRule, v: np.ndarray, m: np.ndarray, mixed_groups: int, rounds: int, spec: BudgetSpec,
+    rng: np.random.Generator, eligible: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The rule's next round (int64, one entry per candidate) after the rounds that gave ``m``
-    rollouts per candidate, checked against the round contract the trainer's executor and the
-    simulator both rely on: fresh candidates only, 0 or >= 2 rollouts each, and never past the
-    budget cap ``spec.total``. ValueError for a malformed round, AssertionError for an overspend."""
-    m_r = np.asarray(rule.next_round(v, m > 0, mixed_groups, int(m.sum()), spec, rng), dtype=np.int64)
-    if m_r.shape != m.shape or np.any(m_r < 0) or np.any(m_r == 1) or np.any((m_r > 0) & (m > 0)):
-        raise ValueError("a round must give fresh prompts 0 or >= 2 rollouts each, one entry per candidate")
-    if int(m.sum() + m_r.sum()) > spec.total:
-        raise AssertionError(f"rounds spend {int(m.sum() + m_r.sum())} > the budget {spec.total}")
+    """The rule's next round (int64, one entry per candidate) after the ``rounds`` rounds that gave
+    ``m`` rollouts per candidate, checked against the round contract the trainer's executor and the
+    simulator both rely on: fresh candidates that passed the pre-rollout filter (``eligible``; None:
+    all) only, 0 or >= 2 rollouts each, and never past the rule's :meth:`~RoundRule.limits`.
+    ValueError for a malformed round, AssertionError for a round past a cap."""
+    available = m == 0 if eligible is None else (m == 0) & np.asarray(eligible, dtype=bool)
+    m_r = np.asarray(rule.next_round(v, available, mixed_groups, int(m.sum()), int(rounds), spec, rng),
+                     dtype=np.int64)
+    if m_r.shape != m.shape or np.any(m_r < 0) or np.any(m_r == 1) or np.any((m_r > 0) & ~available):
+        raise ValueError("a round must give available prompts 0 or >= 2 rollouts each, one entry per candidate")
+    limits = rule.limits(spec)
+    if m_r.any() and limits.max_rounds is not None and rounds >= limits.max_rounds:
+        raise AssertionError(f"round {rounds + 1} is past the rule's cap of {limits.max_rounds} rounds")
+    if limits.max_rollouts is not None and int(m.sum() + m_r.sum()) > limits.max_rollouts:
+        raise AssertionError(f"rounds spend {int(m.sum() + m_r.sum())} > the budget {limits.max_rollouts}")
     return m_r
 
 
 @dataclass(frozen=True)
 class DynamicSamplingConfig:
-    """DAPO's dynamic sampling at an equal budget. Pinned defaults."""
+    """Dynamic sampling (DAPO, arXiv 2503.14476): rounds of fresh prompts × ``G``; groups of one
+    outcome dropped, mixed ones kept up to the batch. The defaults are DAPO's as its authors run it
+    (verl's ``recipe/dapo``, ``run_dapo_qwen2.5_32b.sh``: ``gen_prompt_bsz = 3 × train_prompt_bsz``,
+    ``max_num_gen_batches = 10``); ``dapo-capped`` and ``greso`` set their own (the registry)."""
 
-    target_fraction: float = 0.5  # B = target mixed groups, as a share of GRPO's M(1+N)/G prompts a step
-    round_fraction: float = 0.25  # prompts sampled per round, as a share of M(1+N)/G
+    target_fraction: float = 1.0  # mixed groups the batch holds, as a share of GRPO's M(1+N)/G
+    round_fraction: float = 3.0  # prompts of a round (the first, with refill_margin), as a share of M(1+N)/G
+    max_rounds: int = 10  # rounds a step at most (DAPO's max_num_gen_batches); 0: no cap (the pool bounds them)
+    budget_capped: bool = False  # True: rounds never spend past M(1+N) (our budget-capped variant)
+    # > 0: rounds after the first are sized from the shortfall: ⌊missing / (mixed share so far) ×
+    # refill_margin⌋ prompts, between min_round_fraction and round_fraction of M(1+N)/G (GRESO's
+    # code sizes its later sampling batches so); 0: every round has round_fraction
+    refill_margin: float = 0.0
+    min_round_fraction: float = 0.0  # the smallest round sized from the shortfall, as a share of M(1+N)/G
 
     def __post_init__(self) -> None:
-        for name in ("target_fraction", "round_fraction"):
-            value = getattr(self, name)
-            if not (np.isfinite(value) and 0.0 < value <= 1.0):
-                raise ValueError(f"{name} = {value}: it must lie in (0, 1]")
+        if not (np.isfinite(self.target_fraction) and 0.0 < self.target_fraction <= 1.0):
+            raise ValueError(f"target_fraction = {self.target_fraction}: it must lie in (0, 1]")
+        if not (np.isfinite(self.round_fraction) and self.round_fraction > 0.0):
+            raise ValueError(f"round_fraction = {self.round_fraction}: it must be finite and > 0")
+        if int(self.max_rounds) < 0:
+            raise ValueError(f"max_rounds = {self.max_rounds}: it must be >= 0 (0: no cap)")
+        if not (np.isfinite(self.refill_margin) and self.refill_margin >= 0.0):
+            raise ValueError(f"refill_margin = {self.refill_margin}: it must be finite and >= 0")
+        if not (0.0 <= self.min_round_fraction <= self.round_fraction):
+            raise ValueError(f"min_round_fraction = {self.min_round_fraction}: it must lie in [0, round_fraction]")
 
 
 @dataclass(frozen=True)
 class DynamicSampling:
-    """DAPO (arXiv 2503.14476) dynamic sampling: rounds of random unsampled prompts × ``G`` until
-    the batch holds ``B`` mixed groups or the budget ``M(1+N)`` is spent; groups of one outcome
-    are dropped (the group filter) and mixed groups beyond the first ``B`` too (DAPO trims the
-    batch to its size) — they still cost their rollouts."""
+    """Dynamic sampling: rounds of random available prompts × ``G`` until the batch holds ``B``
+    mixed groups (``target_groups``), the round cap is reached, the candidates run out, or — when
+    ``budget_capped`` — the budget ``M(1+N)`` is spent. Groups of one outcome are dropped (the group
+    filter) and mixed groups beyond the first ``B`` too (DAPO trims the batch to its size) — they
+    still cost their rollouts, and the step reports every rollout spent."""
 
     config: DynamicSamplingConfig = DynamicSamplingConfig()
 
+    def _batch_prompts(self, spec: BudgetSpec) -> int:
+        return spec.total // spec.group_size_G
+
     def target_groups(self, spec: BudgetSpec) -> int:
-        return max(1, round(self.config.target_fraction * spec.total / spec.group_size_G))
+        return max(1, round(self.config.target_fraction * self._batch_prompts(spec)))
 
     def round_prompts(self, spec: BudgetSpec) -> int:
-        return max(1, round(self.config.round_fraction * spec.total / spec.group_size_G))
+        """Prompts of a round of full size (every round, unless later rounds are sized from the shortfall)."""
+        return max(1, round(self.config.round_fraction * self._batch_prompts(spec)))
+
+    def limits(self, spec: BudgetSpec) -> RoundLimits:
+        return RoundLimits(int(self.config.max_rounds) or None, spec.total if self.config.budget_capped else None)
 
     def next_round(
-        self, v: np.ndarray, sampled: np.ndarray, mixed_groups: int, spent: int, spec: BudgetSpec,
+        self, v: np.ndarray, available: np.ndarray, mixed_groups: int, spent: int, rounds: int, spec: BudgetSpec,
         rng: np.random.Generator,
     ) -> np.ndarray:
         m = np.zeros(v.shape[0], dtype=np.int64)
-        if mixed_groups >= self.target_groups(spec):
+        cap = self.config.max_rounds
+        if mixed_groups >= self.target_groups(spec) or (cap and rounds >= cap):
             return m
-        fresh = np.flatnonzero(~sampled)
-        n = min(self.round_prompts(spec), (spec.total - spent) // spec.group_size_G, fresh.size)
+        n = self.round_prompts(spec)
+        sampled_groups = spent // spec.group_size_G
+        if self.config.refill_margin > 0 and rounds > 0 and mixed_groups > 0:
+            missing = self.target_groups(spec) - mixed_groups
+            estimate = int(missing / (mixed_groups / sampled_groups) * self.config.refill_margin)
+            floor = max(1, round(self.config.min_round_fraction * self._batch_prompts(spec)))
+            n = min(max(estimate, floor), n)
+        fresh = np.flatnonzero(available)
+        n = min(n, fresh.size)
+        if self.config.budget_capped:
+            n = min(n, (spec.total - spent) // spec.group_size_G)
         if n > 0:
             m[rng.choice(fresh, size=n, replace=False)] = spec.group_size_G
         return m
@@ -943,7 +1050,9 @@ class Method:
       then method §5's exploration where ``explores_roots`` (:meth:`allocate_roots`);
     - or, with a ``group_filter``, bare rollouts in rounds until that filter has its groups, and
       only the groups it keeps trained on (a caller that cannot sample in rounds uses
-      ``root_rule``, every round at once);
+      ``root_rule``, every round at once); the rounds draw only from the candidates that pass the
+      ``candidate_filter`` where there is one (:meth:`round_candidates`: GRESO in front of dynamic
+      sampling);
     - the prefixes: ``prefix_rule`` (None: no expansion);
     - the advantages: ``default_advantage``, unless the run names another estimator
       (:meth:`advantage_estimator`)."""
@@ -964,6 +1073,9 @@ class Method:
     # until enough groups pass it; None: the roots come at once and every group is trained on. A
     # method with one does not expand.
     group_filter: RoundRule | None = None
+    # A pre-rollout filter of the candidates the rounds may sample (GRESO's skip filter), decided
+    # once a step before the first round; None: every candidate. Only with a group_filter.
+    candidate_filter: CandidateFilter | None = None
     # The advantage estimator it trains with (a name of trace_core.advantages' registry) unless the
     # run names another: method §6's tree advantage for every method, so that methods differ by
     # what they sample, not by how they score it (TreePO's own advantage stays an option).
@@ -975,6 +1087,13 @@ class Method:
                             "reads_history; wrap a plain (v, spec, rng) function in StatelessRoots)")
         if self.group_filter is not None and self.prefix_rule is not None:
             raise ValueError(f"method {self.name!r}: a group filter samples bare groups only; it cannot expand")
+        if self.candidate_filter is not None:
+            if self.group_filter is None:
+                raise ValueError(f"method {self.name!r}: a candidate filter stands in front of rounds; it needs "
+                                 "a group_filter")
+            if not isinstance(self.candidate_filter, CandidateFilter):
+                raise TypeError(f"method {self.name!r}: candidate_filter {self.candidate_filter!r} is no "
+                                "CandidateFilter (it needs reads_history and keep)")
         try:
             get_advantage_estimator(self.default_advantage)
         except ValueError as err:
@@ -986,8 +1105,24 @@ class Method:
 
     @property
     def reads_history(self) -> bool:
-        """Whether the roots read the candidates' history (pass ``history`` to allocate_roots)."""
-        return bool(self.root_rule.reads_history)
+        """Whether the roots (or the pre-rollout filter of its rounds) read the candidates' history:
+        pass ``history`` to allocate_roots and round_candidates."""
+        return bool(self.root_rule.reads_history) or bool(
+            self.candidate_filter is not None and self.candidate_filter.reads_history)
+
+    def round_candidates(
+        self, v: object, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
+    ) -> np.ndarray:
+        """bool (B,): the candidates this step's rounds may sample — those the ``candidate_filter``
+        keeps (one decision per step, before the first round), or all of them without one."""
+        v = _as_probabilities(v, "v")
+        if self.candidate_filter is None:
+            return np.ones(v.shape[0], dtype=bool)
+        keep = np.asarray(self.candidate_filter.keep(v, spec, rng, history), dtype=bool)
+        if keep.shape != v.shape:
+            raise ValueError(f"{self.name}: the candidate filter returned shape {keep.shape} for "
+                             f"{v.shape[0]} candidates")
+        return keep
 
     @property
     def samples_in_rounds(self) -> bool:
@@ -1001,14 +1136,20 @@ class Method:
         """The step's bare rollouts per candidate. ``history`` (one row per candidate) is read by a
         rule that reads history and ignored otherwise; without it such a rule sees an empty history.
         ``explore_fraction`` (method §5) re-splits the roots with :func:`explore_roots` when the
-        method explores, and is ignored otherwise."""
+        method explores, and is ignored otherwise: the explored prompts get 2 rollouts each and the
+        method's own root rule re-splits the rest of the budget over the other prompts (their rows
+        of ``history`` included), so a posterior rule keeps its posterior."""
         v = _as_probabilities(v, "v")
         m = self.root_rule(v, spec, rng, history)
         expected = spec.roots_M if self.expands else spec.total
         if int(m.sum()) != expected:  # a loud guard on the equal-cost contract
             raise AssertionError(f"{self.name}: root allocation spends {int(m.sum())}, expected {expected}")
         if explore_fraction > 0 and self.explores_roots:
-            m = explore_roots(m, v, explore_fraction, rng, spec.max_per_prompt)
+            def own_rule(rest: np.ndarray, budget: int) -> np.ndarray:
+                view = None if history is None else history.take(rest)
+                return self.root_rule(v[rest], spec, rng, view, budget=budget)
+
+            m = explore_roots(m, v, explore_fraction, rng, spec.max_per_prompt, reallocate=own_rule)
         return m
 
     def advantage_estimator(self, name: str | None = None) -> AdvantageEstimator:
@@ -1057,11 +1198,24 @@ register_method(Method("trace-root-only", roots_trace, prefixes_random, "exact m
 register_method(Method("trace-prefix-only", roots_uniform, prefixes_trace, "M/G random prompts × G; exact §3",
                        uses_predictor=True))
 
-register_method(Method("greso", GresoRoots(), None,
-                       "GRESO: M(1+N)/G prompts × G, skipping prompts whose recent groups were all one outcome"))
+_GRESO = GresoRoots()
+register_method(Method("greso", _GRESO, None,
+                       "GRESO as its authors run it: its adaptive pre-rollout skip filter in front of dynamic "
+                       "sampling (first round 1.5·M(1+N)/G prompts × G, later ones sized from the shortfall, "
+                       "until M(1+N)/G mixed groups); one-outcome groups dropped",
+                       group_filter=DynamicSampling(DynamicSamplingConfig(
+                           target_fraction=1.0, round_fraction=1.5, max_rounds=0, refill_margin=1.25,
+                           min_round_fraction=0.25)),
+                       candidate_filter=_GRESO))
 register_method(Method("dapo", roots_uniform_all, None,
-                       "DAPO dynamic sampling: rounds of random prompts × G until B mixed groups or the budget; "
-                       "one-outcome groups dropped", group_filter=DynamicSampling()))
+                       "DAPO dynamic sampling as its authors run it: rounds of 3·M(1+N)/G random prompts × G "
+                       "until M(1+N)/G mixed groups or 10 rounds; one-outcome groups dropped; spends what it "
+                       "samples", group_filter=DynamicSampling()))
+register_method(Method("dapo-capped", roots_uniform_all, None,
+                       "ours: DAPO's dynamic sampling within the equal budget: rounds of M(1+N)/(4G) random "
+                       "prompts × G until M(1+N)/(2G) mixed groups or M(1+N) rollouts; one-outcome groups dropped",
+                       group_filter=DynamicSampling(DynamicSamplingConfig(
+                           target_fraction=0.5, round_fraction=0.25, max_rounds=0, budget_capped=True))))
 register_method(Method("trace-posterior", PosteriorRoots(), prefixes_trace,
                        "exact roots on a Beta posterior (predictor prior + own outcomes); exact method §3 prefixes",
                        explores_roots=True, uses_predictor=True))

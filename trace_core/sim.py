@@ -549,7 +549,7 @@ class StepResult:
     anchor_pred: np.ndarray  # float64 (A,): predicted V at the anchor (before any update)
     anchor_value: np.ndarray  # float64 (A,): hidden V_t
     anchor_K: np.ndarray  # int64 (A,): continuations allocated to the anchor
-    trajectories: int  # finished trajectories in the trees (== spec.total, asserted; <= for round rules)
+    trajectories: int  # finished trajectories in the trees (== spec.total, asserted; a round rule's own spend)
     turns_generated: int  # generated turn nodes: the simulator's stand-in for tokens
     metrics: dict[str, float] = field(default_factory=dict)
     pool_ids: np.ndarray | None = None  # int64 (B,): dataset index of each candidate (persistent pool only)
@@ -588,7 +588,8 @@ def run_step(
     (an anchorless prompt spends ``m_i·N`` on extra root rollouts) → continuations → trees →
     metrics → ``predictor.update(trees)`` → ``history.record`` → ``pool.advance``. Raises
     AssertionError if the trees do not hold exactly ``spec.total`` trajectories (the
-    equal-budget contract of method §4; a method that samples in rounds may stop short of it).
+    equal-budget contract of method §4); a method that samples in rounds spends what its rounds
+    sample, within its own limits (``trajectories`` reports it, and the metrics count it).
 
     ``pool``: a :class:`PersistentPool` to draw the candidates from (default: fresh i.i.d.
     prompts); ``history``: the run's per-prompt record, read by a root rule that reads history and updated with the
@@ -629,12 +630,14 @@ def run_step(
         view = history.view(ids, step) if (history is not None and method.reads_history) else None
         m = np.asarray(method.allocate_roots(v, spec, rng, history=view, explore_fraction=explore_fraction),
                        dtype=np.int64)
-    else:
+    else:  # the pre-rollout filter (where there is one) once, then the rounds over what it kept
+        view = history.view(ids, step) if (history is not None and method.reads_history) else None
+        eligible = method.round_candidates(v, spec, rng, view)
         m, bare_prompt, bare, rounds, sample_rank = _sample_in_rounds(method.group_filter, v, prompts, spec, config,
-                                                                      rng)
+                                                                      rng, eligible)
     prefix_budget = m * N if method.expands else np.zeros(B, dtype=np.int64)
     planned = int(m.sum() + prefix_budget.sum())
-    if planned != spec.total and not (method.samples_in_rounds and planned <= spec.total):
+    if planned != spec.total and not method.samples_in_rounds:  # a round rule spends what it samples
         raise AssertionError(f"{method.name}: spends {planned} != {spec.total}")
     selected = np.flatnonzero(m)
 
@@ -729,9 +732,11 @@ def _holds_both(tree: RolloutTree) -> bool:
 
 
 def _sample_in_rounds(
-    rule: RoundRule, v: np.ndarray, prompts: PromptPool, spec: BudgetSpec, config: SimConfig, rng: np.random.Generator
+    rule: RoundRule, v: np.ndarray, prompts: PromptPool, spec: BudgetSpec, config: SimConfig, rng: np.random.Generator,
+    eligible: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, Paths, int, np.ndarray]:
-    """Bare groups in rounds: each round's groups are rolled out before the rule picks the next.
+    """Bare groups in rounds over the ``eligible`` candidates: each round's groups are rolled out
+    before the rule picks the next, within the rule's limits (:func:`next_checked_round`).
     Returns ``m``, the bare paths grouped by prompt in pool order, the number of rounds and each
     candidate's rank in sampling order (−1: never sampled)."""
     B = v.shape[0]
@@ -740,7 +745,7 @@ def _sample_in_rounds(
     parts: list[tuple[np.ndarray, Paths]] = []
     mixed = rounds = 0
     while True:
-        m_r = next_checked_round(rule, v, m, mixed, spec, rng)
+        m_r = next_checked_round(rule, v, m, mixed, rounds, spec, rng, eligible)
         if not m_r.any():
             break
         sel = np.flatnonzero(m_r)

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from trace_core.allocation import BudgetSpec, Method, next_checked_round
+from trace_core.history import HistoryView
 from trace_core.metrics import is_success
 from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
 from trace_core.rollout.engine import Completion, GenerationRequest, RolloutEngine, Sample, SamplingConfig
@@ -442,18 +443,24 @@ class TreeRolloutExecutor:
         spec: BudgetSpec,
         rng: np.random.Generator,
         sampling_seed: int | None = None,
+        history: HistoryView | None = None,
     ) -> RoundsResult:
-        """Bare groups in rounds with ``method.group_filter`` (DAPO's dynamic sampling), at most
-        ``spec.total`` rollouts. Before each round the rule sees the candidates sampled so far,
-        the mixed groups so far and the rollouts spent, and returns the round's ``m`` (all zeros:
-        stop); each round is one :meth:`run` without expansion, finished before the next is
-        chosen. After the last round the rule's group filter marks which trees the policy trains
-        on (``result.kept``, in sampling order); a dropped group's rollouts still count in
-        ``result.stats``. Every round samples with ``sampling_seed``: request seeds are keyed by
-        the prompt too, and no prompt is sampled in two rounds.
+        """Bare groups in rounds with ``method.group_filter`` (DAPO's dynamic sampling), within the
+        rule's own limits (a cap on rounds, on rollouts, or both). First the method's pre-rollout
+        filter, where it has one, decides which candidates the rounds may sample
+        (:meth:`~trace_core.allocation.Method.round_candidates`, reading ``history``: one row per
+        task, as the trainer's :class:`~trace_core.history.PromptHistory` views it). Before each
+        round the rule sees the candidates still available, the mixed groups so far, the rollouts
+        spent and the rounds run, and returns the round's ``m`` (all zeros: stop); each round is one
+        :meth:`run` without expansion, finished before the next is chosen. After the last round the
+        rule's group filter marks which trees the policy trains on (``result.kept``, in sampling
+        order); every rollout, a dropped group's too, counts in ``result.stats`` — what the step
+        spent, which may exceed ``spec.total`` for a rule without a rollout cap. Every round samples
+        with ``sampling_seed``: request seeds are keyed by the prompt too, and no prompt is
+        sampled in two rounds.
 
-        Raises AssertionError if the rounds would spend more than ``spec.total``, ValueError for
-        a malformed round (a prompt sampled twice, ``m = 1``, a wrong length)."""
+        Raises AssertionError if a round would go past the rule's limits, ValueError for a
+        malformed round (a prompt sampled twice or filtered out, ``m = 1``, a wrong length)."""
         rule = method.group_filter
         if rule is None:
             raise ValueError(f"method {method.name!r} has no round rule: use run()")
@@ -461,11 +468,12 @@ class TreeRolloutExecutor:
         B = len(tasks)
         if v.shape != (B,):
             raise ValueError(f"v has shape {v.shape}, expected ({B},): one prediction per task")
+        eligible = method.round_candidates(v, spec, rng, history)
         m = np.zeros(B, dtype=np.int64)
         parts: list[RolloutResult] = []
         mixed = 0
         while True:
-            m_r = next_checked_round(rule, v, m, mixed, spec, rng)
+            m_r = next_checked_round(rule, v, m, mixed, len(parts), spec, rng, eligible)
             if not m_r.any():
                 break
             part = self.run(tasks, m_r.tolist(), None, rng, sampling_seed=sampling_seed)

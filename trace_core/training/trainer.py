@@ -271,8 +271,9 @@ class Trainer:
         root_pred = {t.id: float(v[i]) for i, t in enumerate(pool)}
         if self.method.samples_in_rounds:  # the roots are chosen round by round, after each round's outcomes
             with prof.phase("rollout"):
+                view = self.prompt_history.view([t.id for t in pool], step) if self.method.reads_history else None
                 rounds = self.executor.run_in_rounds(pool, v, self.method, self.spec, self.rng,
-                                                     sampling_seed=self.sampling_seed(step))
+                                                     sampling_seed=self.sampling_seed(step), history=view)
             result, m = rounds.result, rounds.m
         else:
             m = self._allocate_roots(pool, v, step)
