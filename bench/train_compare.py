@@ -59,6 +59,7 @@ import numpy as np  # noqa: E402
 VARIANTS = {"grpo": ("grpo", False), "pcl": ("pcl", True), "treepo": ("treepo", False), "trace": ("trace", True),
             "trace-cold": ("trace", False), "trace-root-only": ("trace-root-only", True),
             "trace-prefix-only": ("trace-prefix-only", True), "greso": ("greso", False), "dapo": ("dapo", False),
+            "dapo-capped": ("dapo-capped", False),
             "trace-posterior": ("trace-posterior", True),
             "trace-posterior-thompson": ("trace-posterior-thompson", True)}
 ABLATIONS = ("trace-root-only", "trace-prefix-only")
