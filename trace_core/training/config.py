@@ -156,7 +156,7 @@ class PredictorWarmupConfig:
 class TrainConfig:
     """A training run (method §2–§7). Every field can be overridden as ``section.key=value``."""
 
-    method: str = "trace"  # grpo | pcl | treepo | trace | trace-root-only | trace-prefix-only
+    method: str = "trace"  # a name of the method registry (trace_core.allocation.METHODS; docs/method.md §4)
     # tree | tree-no-std | grpo | treepo (method §6); None: the method's default_advantage (the tree advantage)
     advantage: str | None = None
     steps: int = 4  # training steps
