@@ -28,6 +28,9 @@ Protocol (fixed before any result was seen; the simulator's defaults are pinned 
   listed with; GRPO, TreePO, GRESO and DAPO never read predictions.
 - Noisy predictor: ``sigmoid(logit V + N(0, σ))``, σ = 2 by default; a sweep over σ reports the
   Spearman each σ achieves against the hidden V.
+- VIP (``vip``) reads the predictor's score as its Gaussian process's input (``trace_core.vip``):
+  its rows use the noisy and the learned predictor of the TRACE rows; its batch is GRPO's draw of
+  M(1+N)/G prompts and its budget GRPO's M(1+N).
 - Sensitivity (i.i.d.): the Beta parameter a ∈ {0.1, 0.15, 0.3} × the pool factor ∈ {1, 2, 4},
   for GRPO, TreePO, TRACE-oracle and TRACE-learned, at (M, N) = (512, 2).
 - ``--posterior-sweep`` (not part of the reported run): the posterior's prior strength ×
@@ -82,6 +85,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("trace-posterior / learned", "trace-posterior", "learned"),
     ("trace-posterior-thompson / noisy", "trace-posterior-thompson", "noisy"),
     ("trace-posterior-thompson / learned", "trace-posterior-thompson", "learned"),
+    ("vip / noisy", "vip", "noisy"),
+    ("vip / learned", "vip", "learned"),
 ]
 MODES = ("iid", "persistent")
 # --posterior-sweep: prior strength s × discount γ × evidence window W (trace-posterior, persistent pool)
@@ -290,6 +295,7 @@ def protocol(args: argparse.Namespace) -> dict:
     from trace_core.allocation import DynamicSamplingConfig, get_method
     from trace_core.history import GresoConfig, PosteriorConfig
     from trace_core.sim import LearnedPredictorConfig, PersistentPoolConfig, SimConfig
+    from trace_core.vip import VipConfig
 
     dapo = get_method("dapo").group_filter
     return {
@@ -299,6 +305,7 @@ def protocol(args: argparse.Namespace) -> dict:
         "greso": dataclasses.asdict(GresoConfig()),
         "dapo": dataclasses.asdict(dapo.config if dapo is not None else DynamicSamplingConfig()),
         "posterior": dataclasses.asdict(PosteriorConfig()),
+        "vip": dataclasses.asdict(VipConfig()),
         "noise_std_default": DEFAULT_NOISE_STD,
         "group_size_G": 8, "max_per_prompt": 16, "pool_factor": 4,
         "total_steps": args.total_steps, "report_steps": args.report_steps, "seed": args.seed,
