@@ -61,7 +61,8 @@ VARIANTS = {"grpo": ("grpo", False), "pcl": ("pcl", True), "treepo": ("treepo", 
             "trace-prefix-only": ("trace-prefix-only", True), "greso": ("greso", False), "dapo": ("dapo", False),
             "dapo-capped": ("dapo-capped", False),
             "trace-posterior": ("trace-posterior", True),
-            "trace-posterior-thompson": ("trace-posterior-thompson", True)}
+            "trace-posterior-thompson": ("trace-posterior-thompson", True),
+            "vip": ("vip", True)}
 ABLATIONS = ("trace-root-only", "trace-prefix-only")
 ROW_KEYS = ("effective_ratio", "contrastive_yield", "mixed_groups_per_100_rollouts", "rollouts_per_mixed_group",
             "prefix_effective_ratio", "alloc/skipped_share", "budget/generated_tokens")
