@@ -180,6 +180,24 @@ def test_a_restored_snapshot_buys_at_most_the_factor_times_the_limits(tight):
             ToolSnapshot.from_json({"cells": ["x = 1"], "cell_wall_seconds": [bad], "cell_cpu_seconds": [0.0]})
 
 
+def test_a_forged_snapshot_of_many_cells_buys_at_most_the_snapshot_cap(tight):
+    """The per-cell cap alone granted a forged snapshot of 1,000 cells 1,000 times a cell's limit;
+    the grant is capped per snapshot, and a replay that needs more is stopped there."""
+    cap = 3.0
+    session = PythonToolSession(tight, FACTOR, SLACK, max_replay_seconds=cap)
+    n = 1000
+    forged = ToolSnapshot(("import time\ntime.sleep(0.5)",) * n, (TIGHT.wall_seconds,) * n,
+                          (float(TIGHT.cpu_seconds),) * n)
+    assert session.replay_grant(forged) == (cap, cap)
+    assert PythonToolSession(tight, FACTOR, SLACK).replay_grant(forged) == (30.0, 30.0)  # the default cap
+    session.restore(forged)
+    result = session.execute("print('never reached')")
+    assert result.timed_out and not result.completed
+    assert result.wall_seconds <= cap + TIGHT.wall_seconds + TEARDOWN_S
+    with pytest.raises(ValueError, match="max_replay_seconds"):
+        PythonToolSession(tight, FACTOR, SLACK, max_replay_seconds=math.inf)
+
+
 # --- malformed reports void the call, never raise ---------------------------------------------------
 
 NESTED = b"[" * 5000 + b"]" * 5000  # deep enough to exhaust the JSON decoder's recursion

@@ -48,7 +48,9 @@ cell before it and the report that ends it; its CPU time is at most the call's C
 measured it (wait4 of the runner), and the runner's own figure can only lower it; each is also cut
 at the cell's own limit. A replay is granted `replay_time_factor` times the sum of those figures
 (plus a fixed slack for the wall clock), so no grant exceeds a fixed factor of host-measured time,
-nor `replay_time_factor` x the cells' limits, whatever the code writes.
+nor `replay_time_factor` x the cells' limits, whatever the code writes; and the whole snapshot's
+grant is capped at `max_replay_seconds`, however many cells it holds (a forged snapshot of 1,000
+cells buys no more than one of three).
 The visible cell's wall clock starts when the replay's last report is read, so a replay that
 finishes early lends it nothing, and a report forged early only shortens it. Reports are parsed
 defensively: a line that is not a well-formed report of the next cell, with finite times no larger
@@ -923,8 +925,11 @@ class PythonToolSession:
 
     replay_time_factor: replayed cells get this multiple of their measured time (plus
     `replay_slack_seconds` of wall clock) on top of the new cell's limits, so a loaded machine does
-    not turn a finished prefix into a timeout. Each cell's figure is cut at its own limit first, so
-    a snapshot from anywhere buys at most `replay_time_factor` times the limits of its cells.
+    not turn a finished prefix into a timeout. Each cell's figure is cut at its own limit first.
+    max_replay_seconds: the most wall-clock seconds, and the most CPU seconds, a whole snapshot's
+    replay is granted (slack included), whatever its number of cells: a snapshot from anywhere
+    buys at most this on top of one cell's limits. A genuine episode's prefix of math cells
+    replays in well under a second; one whose replay needs more is stopped as a failed replay.
     """
 
     def __init__(
@@ -932,14 +937,20 @@ class PythonToolSession:
         sandbox: PythonSandbox | None = None,
         replay_time_factor: float = 2.0,
         replay_slack_seconds: float = 0.5,
+        max_replay_seconds: float = 30.0,
     ) -> None:
         if not (math.isfinite(replay_time_factor) and replay_time_factor >= 1.0):
             raise ValueError(f"replay_time_factor must be a finite number >= 1, got {replay_time_factor}")
         if _finite_seconds(replay_slack_seconds) is None:
             raise ValueError(f"replay_slack_seconds must be a finite number >= 0, got {replay_slack_seconds}")
+        if _finite_seconds(max_replay_seconds) is None or max_replay_seconds < replay_slack_seconds:
+            raise ValueError(
+                f"max_replay_seconds must be a finite number >= replay_slack_seconds, got {max_replay_seconds}"
+            )
         self.sandbox = sandbox or PythonSandbox()
         self.replay_time_factor = replay_time_factor
         self.replay_slack_seconds = replay_slack_seconds
+        self.max_replay_seconds = max_replay_seconds
         self._state = ToolSnapshot()
         self.last_result: SandboxResult | None = None
 
@@ -950,7 +961,9 @@ class PythonToolSession:
         c = self.sandbox.config
         wall = sum(min(w, c.wall_seconds) for w in snapshot.cell_wall_seconds)
         cpu = sum(min(x, float(c.cpu_seconds)) for x in snapshot.cell_cpu_seconds)
-        return self.replay_time_factor * wall + self.replay_slack_seconds, self.replay_time_factor * cpu
+        cap = self.max_replay_seconds
+        return (min(self.replay_time_factor * wall + self.replay_slack_seconds, cap),
+                min(self.replay_time_factor * cpu, cap))
 
     def execute(self, cell: str) -> SandboxResult:
         """Runs `cell` on top of the current state; keeps it in the state if it ran to its end."""

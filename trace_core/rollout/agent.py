@@ -15,6 +15,7 @@ the next one, tokenised on its own::
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,5 +70,49 @@ def observation_text(text: str) -> str:
     return f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{text}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
+_OBSERVATION_HEAD, _OBSERVATION_TAIL = observation_text("\0").split("\0")
+_ADDED_TOKENS: dict[int, tuple[Any, re.Pattern | None, frozenset[int]]] = {}
+
+
+def _added_tokens(tokenizer: Any) -> tuple[re.Pattern | None, frozenset[int]]:
+    """A pattern matching every added token's text (specials and chat markers alike), and their ids."""
+    cached = _ADDED_TOKENS.get(id(tokenizer))
+    if cached is None or cached[0] is not tokenizer:
+        vocab = tokenizer.get_added_vocab()
+        strings = sorted((t for t in vocab if t), key=len, reverse=True)
+        pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
+        cached = _ADDED_TOKENS[id(tokenizer)] = (tokenizer, pattern, frozenset(int(i) for i in vocab.values()))
+    return cached[1], cached[2]
+
+
+def _plain_tokens(tokenizer: Any, text: str, pattern: re.Pattern, added: frozenset[int]) -> list[int]:
+    """`text` as ordinary tokens: an added token's text (``<|im_end|>``) is split so that it can only
+    encode as the characters it is made of, never as the control id."""
+    def encode(piece: str) -> list[int]:
+        return [int(t) for t in tokenizer.encode(piece, add_special_tokens=False)] if piece else []
+
+    ids: list[int] = []
+    pos = 0
+    for match in pattern.finditer(text):
+        ids += encode(text[pos : match.start()])
+        ids += encode(match.group()[0]) + _plain_tokens(tokenizer, match.group()[1:], pattern, added)
+        pos = match.end()
+    ids += encode(text[pos:])
+    if added.intersection(ids):  # a normaliser recomposed one: fall back to one character at a time
+        ids = [i for ch in text for i in encode(ch)]
+    return ids
+
+
 def observation_tokens(tokenizer: Any, text: str) -> list[int]:
-    return [int(t) for t in tokenizer.encode(observation_text(text), add_special_tokens=False)]
+    """Token ids of `text` framed as a tool result (`observation_text`).
+
+    The frame's chat markers are control tokens; the tool's own text never is: a cell that prints
+    ``<|im_end|>`` or ``<|im_start|>assistant`` reaches the policy as those characters, so it cannot
+    forge a turn boundary. Text holding no added token's string is encoded in one piece, as before.
+    """
+    pattern, added = _added_tokens(tokenizer)
+    if pattern is None or pattern.search(text) is None:
+        return [int(t) for t in tokenizer.encode(observation_text(text), add_special_tokens=False)]
+    head = tokenizer.encode(_OBSERVATION_HEAD, add_special_tokens=False)
+    tail = tokenizer.encode(_OBSERVATION_TAIL, add_special_tokens=False)
+    return [int(t) for t in head] + _plain_tokens(tokenizer, text, pattern, added) + [int(t) for t in tail]
