@@ -103,6 +103,10 @@ def test_vip_predict_matches_the_direct_formula_and_reads_the_newest_outcome() -
     np.testing.assert_allclose(pred.success, 1 / (1 + np.exp(-mean)), rtol=1e-12)
     np.testing.assert_allclose(pred.mean[o], y[o], atol=5e-3)  # its own outcome sets an observed prompt's mean
     assert pred.length_scale == ell
+    sub = vip_predict(v, view, cfg, at=np.array([5, 0, 3]))  # a subset, in the order asked
+    np.testing.assert_allclose(sub.mean, pred.mean[[5, 0, 3]], rtol=1e-12)
+    np.testing.assert_allclose(sub.variance, pred.variance[[5, 0, 3]], rtol=1e-10, atol=1e-14)
+    np.testing.assert_array_equal(sub.observed, [False, True, False])
     # max_age: the outcome of step 0 is 3 steps old at step 3; with max_age=2 only steps 1 and 2 count
     assert vip_observations(view, VipConfig(max_age=2))[0].tolist() == [True, False, True, False, False, False]
 

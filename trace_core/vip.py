@@ -155,9 +155,9 @@ def gp_posterior(
 
     with ``K = k_train`` (n, n) over the observed points, ``K_* = k_cross`` (n, t) between observed
     and test points, ``k_** = k_test_diag`` (t,), prior means ``m = prior_train`` (n,) and
-    ``m_* = prior_test`` (t,), noise variance ``σ² = noise``. Solved through a Cholesky factor.
-    With no observation (n = 0) the posterior is the prior. Variances are floored at 0 against
-    rounding."""
+    ``m_* = prior_test`` (t,), noise variance ``σ² = noise``: one linear solve of ``K + σ² I``
+    against ``[y − m, K_*]``. With no observation (n = 0) the posterior is the prior. Variances
+    are floored at 0 against rounding."""
     K = np.asarray(k_train, dtype=np.float64)
     Ks = np.asarray(k_cross, dtype=np.float64)
     kss = np.asarray(k_test_diag, dtype=np.float64)
@@ -172,11 +172,9 @@ def gp_posterior(
         raise ValueError(f"noise = {noise}: it must be finite and > 0")
     if n == 0:
         return ms.copy(), kss.copy()
-    chol = np.linalg.cholesky(K + noise * np.eye(n))
-    alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, yv - m))
-    w = np.linalg.solve(chol, Ks)  # (n, t): chol⁻¹ K_*
-    mean = ms + Ks.T @ alpha
-    var = np.maximum(kss - np.sum(w * w, axis=0), 0.0)
+    sol = np.linalg.solve(K + noise * np.eye(n), np.column_stack([yv - m, Ks]))  # (n, 1 + t)
+    mean = ms + Ks.T @ sol[:, 0]
+    var = np.maximum(kss - np.sum(Ks * sol[:, 1:], axis=0), 0.0)
     return mean, var
 
 
@@ -196,7 +194,7 @@ class VipPrediction:
     success: np.ndarray  # p̂ = sigmoid(posterior mean): the success probability VIP allocates with
     mean: np.ndarray  # posterior mean of the latent logit success rate
     variance: np.ndarray  # posterior variance of the latent logit (reported; VIP allocates on the mean)
-    observed: np.ndarray  # bool: candidates with an outcome the GP was fitted on
+    observed: np.ndarray  # bool: which of them had an outcome the GP was fitted on
     length_scale: float  # the RBF bandwidth used
 
 
@@ -221,23 +219,29 @@ def vip_observations(history: HistoryView, config: VipConfig) -> tuple[np.ndarra
     return observed, y
 
 
-def vip_predict(v: object, history: HistoryView, config: VipConfig = VipConfig()) -> VipPrediction:
+def vip_predict(
+    v: object, history: HistoryView, config: VipConfig = VipConfig(), at: np.ndarray | None = None
+) -> VipPrediction:
     """VIP's success model on a candidate pool: the GP of the module docstring, fitted on the
     candidates with an outcome (:func:`vip_observations`), its input the predictor score ``v``,
-    predicted at every candidate."""
+    predicted at the candidates ``at`` (indices; None: every candidate), in that order. The
+    bandwidth's median heuristic runs over the whole pool either way."""
     x = np.asarray(v, dtype=np.float64)
     if x.ndim != 1 or len(history) != x.shape[0]:
         raise ValueError(f"v has shape {x.shape} but the history has {len(history)} rows: one per candidate")
     if np.any(~np.isfinite(x) | (x < 0) | (x > 1)):
         raise ValueError("v must hold probabilities in [0, 1] (NaN is not allowed)")
+    idx = np.arange(x.shape[0]) if at is None else np.asarray(at, dtype=np.int64)
     ell = config.length_scale if config.length_scale is not None else median_length_scale(x)
-    kernel = vip_kernel(x, ell, config.shared_fraction)
     observed, y = vip_observations(history, config)
     obs = np.flatnonzero(observed)
-    prior = np.full(x.shape[0], config.prior_logit)
-    mean, var = gp_posterior(kernel[np.ix_(obs, obs)], kernel[obs, :], np.diag(kernel).copy(), y[obs],
-                             prior[obs], prior, config.jitter)
-    return VipPrediction(_sigmoid(mean), mean, var, observed, float(ell))
+    rho = config.shared_fraction
+    k_obs = vip_kernel(x[obs], ell, rho)
+    k_cross = rho * rbf_kernel(x[obs], x[idx], ell) + (1.0 - rho) * (obs[:, None] == idx[None, :])
+    prior = config.prior_logit
+    mean, var = gp_posterior(k_obs, k_cross, np.ones(idx.size), y[obs], np.full(obs.size, prior),
+                             np.full(idx.size, prior), config.jitter)
+    return VipPrediction(_sigmoid(mean), mean, var, observed[idx], float(ell))
 
 
 # ============================================================================ the variance objective
@@ -494,7 +498,7 @@ class VipRoots:
             raise ValueError(f"VIP: the budget {spec.total} cannot be split over {Q} prompts with "
                              f"{lower} <= m_i <= {upper}")
         batch = rng.choice(B, size=Q, replace=False)
-        p = vip_predict(v, history, self.config).success[batch]
+        p = vip_predict(v, history, self.config, at=batch).success
         m = np.zeros(B, dtype=np.int64)
         m[batch] = allocate_vip(p * (1.0 - p), spec.total, lower, upper, self.config.variance_form)
         return m
