@@ -130,9 +130,9 @@ def measure_start(args: argparse.Namespace, engine: SharedEngine, identity: dict
     out = Path(args.work) / "start"
     cfg = load_config(TrainConfig, args.config, overrides(args, "grpo", 0, out, []))
     trainer = Trainer(cfg, engine=engine.get())
-    with tracked_run(trainer.tracker):
-        trainer.measure_pool_success(0)
-    trainer.tracker.close()
+    with tracked_run(trainer.tracker):  # its own MLflow run, FINISHED when measured
+        record = trainer.measure_pool_success(0)
+        trainer.tracker.log_metrics({"pool/success": record["success"]}, 0)
     measure = {"step": 0, "samples": args.pool_k,
                "successes": per_prompt_successes(out / "pool_success" / "step00000.json", args.pool_k)}
     return {"format": START_FORMAT, "commit": commit, "dirty": tree_is_dirty(), "testbed": identity,
@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=STEPS)
     run.add_argument("--lr", type=float, default=LEARNING_RATE, help="the policy's RL learning rate")
     run.add_argument("--pool-k", type=int, default=POOL_K, help="samples per pool prompt (>= 2; the benchmark: 8)")
-    run.add_argument("--heldout-k", type=int, default=HELDOUT_K, help="samples per held-out question")
+    run.add_argument("--heldout-k", type=int, default=HELDOUT_K, help="samples per held-out question (>= 2)")
     run.add_argument("--roots-M", dest="roots_M", type=int, default=32)
     run.add_argument("--expansion-N", dest="expansion_N", type=int, default=1)
     run.add_argument("--max-m", type=int, default=8, help="M_max")
@@ -399,8 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "run":
-        if args.pool_k < 2 or args.heldout_k < 1 or args.steps < 1:
-            raise SystemExit("--pool-k must be >= 2, --heldout-k >= 1 and --steps >= 1")
+        if args.pool_k < 2 or args.heldout_k < 2 or args.steps < 1:  # a prompt's rollouts form a group: >= 2
+            raise SystemExit(f"--pool-k and --heldout-k must be >= 2 and --steps >= 1, got {args.pool_k}, "
+                             f"{args.heldout_k}, {args.steps}")
         cmd_run(args)
     else:
         cmd_table(args)

@@ -145,7 +145,7 @@ def test_a_miniature_learning_benchmark_runs_and_its_table_is_recomputed_from_th
     testbed, index_dir = mini_testbed
     records, work = tmp_path / "records", tmp_path / "work"
     cmd = [sys.executable, str(BENCH / "learning.py"), "run", "--testbed", str(testbed), "--methods", "grpo", "trace",
-           "--seeds", "0", "--steps", "2", "--pool-k", "2", "--heldout-k", "1", "--roots-M", "8", "--data",
+           "--seeds", "0", "--steps", "2", "--pool-k", "2", "--heldout-k", "2", "--roots-M", "8", "--data",
            str(ROOT / "data"), "--index", str(index_dir), "--work", str(work), "--records", str(records)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -155,7 +155,7 @@ def test_a_miniature_learning_benchmark_runs_and_its_table_is_recomputed_from_th
     assert len(grpo["pool"][0]["successes"]) == 16 and grpo["settings"]["measure_at"] == [1, 2]
     assert sum(grpo["steps"]["rollouts"]) == 32 and len(trace["steps"]["rollouts"]) == 2
     assert trace["warmup"]["rollouts"] > 0 and grpo["warmup"]["rollouts"] == 0
-    assert grpo["heldout"]["samples"] == 1 and len(grpo["heldout"]["successes"]) > 0
+    assert grpo["heldout"]["samples"] == 2 and len(grpo["heldout"]["successes"]) > 0
     assert {o["prompt"] for o in grpo["opened"]} and isinstance(grpo["dirty"], bool)
     shown = subprocess.run([sys.executable, str(BENCH / "learning.py"), "table", "--records", str(records),
                             "--no-plot"], capture_output=True, text=True, cwd=ROOT, timeout=300)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from trace_core.allocation import get_method
-from trace_core.config import flatten
+from trace_core.config import ConfigError, flatten
 from trace_core.history import PromptHistory
 from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, is_success, step_metrics
 from trace_core.rollout.agent import render_prompt
@@ -39,11 +39,12 @@ from trace_core.rollout.env import FixedTurnsEnvironment, Task
 from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of
 from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
 from trace_core.seeding import derive_seed
-from trace_core.tracking import MLflowTracker, Tracker, tracked_run
+from trace_core.tracking import MLflowTracker, Tracker, end_after, tracked_run
 from trace_core.training.config import TrainConfig
 from trace_core.training.heartbeat import Heartbeat
 from trace_core.training.policy import PolicyOptimizer
 from trace_core.training.profiler import PhaseProfiler
+from trace_core.training.run_guard import check_inputs, check_resume, hold_output_dir, run_identity
 from trace_core.tree import ROOT, RolloutTree, save_trees
 
 STATE_FILE = "trainer_state.json"
@@ -52,18 +53,27 @@ STATE_FILE = "trainer_state.json"
 # ============================================================================ tasks
 def load_tasks(cfg: TrainConfig) -> tuple[list[Task], Any]:
     """The training prompts and an environment factory for them."""
+    tasks, factory, _ = load_task_rows(cfg)
+    return tasks, factory
+
+
+def load_task_rows(cfg: TrainConfig) -> tuple[list[Task], Any, dict[str, str]]:
+    """The training prompts, an environment factory for them, and where each prompt comes from
+    (``"<file> line <n>"`` by task id, for the errors that name a row). The file's rows must be of
+    ``task.family``: QA rows under ``task.family=math`` are refused, not trained on."""
     t = cfg.task
     if t.family == "fixed-turns":
         tasks = [Task(id=f"synthetic-{i}", question=f"Synthetic task {i}: reply in {t.fixed_turns} turns.")
                  for i in range(t.synthetic_prompts)]
-        return tasks, lambda task: FixedTurnsEnvironment(num_turns=t.fixed_turns)
+        return tasks, lambda task: FixedTurnsEnvironment(num_turns=t.fixed_turns), {
+            task.id: f"synthetic prompt {i}" for i, task in enumerate(tasks)}
     from trace_core.envs.registry import make_env_factory
 
     path = Path(t.train_file or Path(t.data_dir) / t.family / "train.jsonl")
     if not path.is_file():
-        raise ValueError(f"task.train_file {path} does not exist (generate the embedded data with "
-                         "`python -m trace_core.data.generate --out data`)")
-    tasks = read_tasks(path)
+        raise ConfigError(f"task.train_file {path} does not exist (generate the embedded data with "
+                          "`python -m trace_core.data.generate --out data`)")
+    tasks, lines = read_task_rows(path, family=t.family)
     retriever = None
     if t.family == "qa":
         from trace_core.retrieval import RetrievalIndex, Retriever, ensure_index
@@ -72,15 +82,35 @@ def load_tasks(cfg: TrainConfig) -> tuple[list[Task], Any]:
                                  Path(t.data_dir) / "qa" / "corpus.jsonl")
         retriever = Retriever(RetrievalIndex.load(index_dir))
     factory = make_env_factory(t.family, t.envs, retriever=retriever)
-    return tasks, factory
+    return tasks, factory, {task.id: f"{path} line {line}" for task, line in zip(tasks, lines, strict=True)}
 
 
-def read_tasks(path: Path) -> list[Task]:
+def read_tasks(path: Path, family: str | None = None) -> list[Task]:
     """The tasks of a normalized question file, validated first (nothing trains on invalid data)."""
-    from trace_core.data.validation import load_validated
+    return read_task_rows(path, family)[0]
+
+
+def read_task_rows(path: Path, family: str | None = None) -> tuple[list[Task], list[int]]:
+    """The tasks of a normalized question file and their lines, validated first; with ``family``,
+    the rows must be of that task family (a ConfigError naming the file, the first other row and
+    the key otherwise)."""
+    from trace_core.data.schema import Example
+    from trace_core.data.validation import read_jsonl, validate_records
     from trace_core.envs.registry import example_to_task
 
-    return [example_to_task(e) for e in load_validated(path)]
+    records, lines = read_jsonl(path)
+    kind = validate_records(records, str(path), None, lines)
+    if kind == "corpus":
+        raise ConfigError(f"task.train_file {path} holds corpus passages, not questions")
+    examples = [Example.from_record(r) for r in records]
+    if family is not None:
+        other = [(e, n) for e, n in zip(examples, lines, strict=True) if e.task != family]
+        if other:
+            e, n = other[0]
+            raise ConfigError(f"task.family = {family!r}, but task.train_file {path} holds {e.task!r} rows "
+                              f"({len(other)} of {len(examples)}; the first at line {n}, id {e.id!r}): set "
+                              f"task.family={e.task} or point task.train_file at {family} rows")
+    return [example_to_task(e) for e in examples], lines
 
 
 # ============================================================================ state
@@ -102,6 +132,8 @@ class TrainerState:
     # every prompt's bare root outcomes so far, with the predictions used (PromptHistory.to_dict):
     # read by the history rules (GRESO, the posterior roots), kept for every method
     root_outcomes: dict[str, Any] | None = None
+    # the run's result-defining fields (run_guard.run_identity): a resume with others is refused
+    identity: dict[str, Any] | None = None
 
 
 @dataclass
@@ -121,39 +153,76 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, tracker: Tracker | None = None, engine: Any = None) -> None:
         """``engine``: an already running rollout engine to reuse (its weights are replaced by the
-        policy's); None builds one from ``cfg.engine``."""
+        policy's); None builds one from ``cfg.engine``.
+
+        Every check comes before any work (:mod:`~trace_core.training.run_guard`): the paths, then
+        the output_dir's writer lock (held until :meth:`run` ends), then whether its checkpoint is
+        of this configuration, the data, the prompts' lengths in tokens, the tracking store; only
+        then the engine and the policy. An error after the tracking run exists ends it FAILED,
+        with the reason."""
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        check_inputs(cfg)
+        self._lock = hold_output_dir(self.out)
+        try:
+            self._prepare(cfg)
+            # The tracking store is checked (and the run created or resumed) before anything heavy
+            # is loaded: a store that cannot be written is an error before any model exists.
+            self.tracker = tracker if tracker is not None else self._build_tracker()
+        except BaseException:
+            self._release_output_dir()
+            raise
+        try:
+            self._build(cfg, engine)
+        except BaseException as err:
+            end_after(self.tracker, err)  # the run exists: it ends FAILED (KILLED on a signal), with the reason
+            self._release_output_dir()
+            raise
+
+    def _prepare(self, cfg: TrainConfig) -> None:
+        """Everything before the tracking run: the method, the resume check, the data, the
+        tokenizer and the prompts' lengths, the state of the last checkpoint."""
         if not cfg.progress:  # a pipeline step: say what the first silent seconds are spent on
             print(f"progress: train {cfg.method}: loading the data, the policy and the rollout engine", flush=True)
         self.method = get_method(cfg.method)
         self.spec = cfg.budget.spec()
         self.estimator = self.method.advantage_estimator(cfg.advantage)
-        self.tasks, self.env_factory = load_tasks(cfg)
+        self._ckpt_root = self.out / "checkpoints"
+        self.identity = run_identity(cfg)
+        self._check_resume()
+        self.tasks, self.env_factory, where = load_task_rows(cfg)
         if len(self.tasks) < self.spec.pool_size:
             source = cfg.task.train_file or f"the {cfg.task.family} default"
-            raise ValueError(f"the candidate pool needs B = budget.pool_factor·M(1+N)/G = {self.spec.pool_size} "
-                             f"distinct prompts per step but task.train_file ({source}) holds only "
-                             f"{len(self.tasks)}: lower budget.pool_factor (= {cfg.budget.pool_factor}) or "
-                             f"budget.roots_M (= {cfg.budget.roots_M})")
+            raise ConfigError(f"the candidate pool needs B = budget.pool_factor·M(1+N)/G = {self.spec.pool_size} "
+                              f"distinct prompts per step but task.train_file ({source}) holds only "
+                              f"{len(self.tasks)}: lower budget.pool_factor (= {cfg.budget.pool_factor}) or "
+                              f"budget.roots_M (= {cfg.budget.roots_M})")
+        self._warmup_tasks: list[Task] = []
+        if cfg.predictor_warmup.task_file and self.method.uses_predictor:
+            warm = Path(cfg.predictor_warmup.task_file)
+            self._warmup_tasks, lines = read_task_rows(warm, family=cfg.task.family)
+            where.update({t.id: f"{warm} line {n}" for t, n in zip(self._warmup_tasks, lines, strict=True)})
+            shared = sorted({t.id for t in self.tasks} & {t.id for t in self._warmup_tasks})
+            if shared:
+                raise ConfigError(f"predictor_warmup.task_file shares {len(shared)} questions with the training "
+                                  f"pool (e.g. {shared[0]!r}): the warm-up split must be disjoint from it")
         from transformers import AutoTokenizer
 
-        if not Path(cfg.policy_model).is_dir():
-            raise ValueError(f"policy_model {cfg.policy_model} is not a local model directory")
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.policy_model)
+        self._prompt_ids: dict[str, list[int]] = {}
+        self._check_prompt_lengths([*self.tasks, *self._warmup_tasks], where)
         self.state = TrainerState(history={})
         self.prompt_history = PromptHistory()
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.profiler = PhaseProfiler()
-        self._ckpt_root = self.out / "checkpoints"
-        latest = self._latest_checkpoint()
-        if latest is not None:
-            self._load_trainer_state(latest)
-        # The tracking store is checked (and the run created or resumed) before anything heavy is
-        # loaded: a store that cannot be written is an error before any model exists.
-        self.tracker = tracker if tracker is not None else self._build_tracker()
+        self._latest = self._latest_checkpoint()
+        if self._latest is not None:
+            self._load_trainer_state(self._latest)
+
+    def _build(self, cfg: TrainConfig, engine: Any) -> None:
+        """The engine, the policy and the predictor (from the last checkpoint, if any)."""
+        latest = self._latest
         # Engine first: an in-process vLLM creates the process group DeepSpeed then joins. Guarded:
         # a crash or a hang inside it becomes one EngineFault (trace_core.rollout.guard).
         self.engine = GuardedEngine(engine if engine is not None else self._build_engine(),
@@ -169,7 +238,36 @@ class Trainer:
             self.predictor.load_state_dict(torch.load(latest / "predictor.pt", weights_only=False))
             self.engine.load_weights(self.policy.full_state_dict())
         self.executor = TreeRolloutExecutor(self.engine, self.tokenizer, self.env_factory, cfg.agent)
-        self._prompt_ids: dict[str, list[int]] = {}
+
+    def _release_output_dir(self) -> None:
+        """Give the output_dir's writer lock back (once): the run ended, or never started."""
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.release()
+
+    def _check_resume(self) -> None:
+        """Refuse the folder's checkpoint when it is of another configuration (its identity,
+        :func:`~trace_core.training.run_guard.run_identity`, differs); read before anything loads."""
+        latest = self._latest_checkpoint()
+        if latest is not None:
+            saved = json.loads((latest / STATE_FILE).read_text()).get("identity")
+            check_resume(saved, self.identity, latest)
+
+    def _check_prompt_lengths(self, tasks: Sequence[Task], where: dict[str, str]) -> None:
+        """Every prompt, rendered as the rollout renders it, leaves the model room for its first
+        turn: shorter than ``agent.max_total_tokens`` (which engine.max_model_len bounds, and which
+        the model's positions bound in turn). A ConfigError names the rows that do not."""
+        limit = self.cfg.agent.max_total_tokens
+        over = [(len(ids), t) for t in tasks if len(ids := self._prompt_tokens(t)) >= limit]
+        if not over:
+            return
+        over.sort(key=lambda x: -x[0])
+        shown = "; ".join(f"{where.get(t.id, 'a prompt')} (id {t.id!r}): {n} tokens" for n, t in over[:5])
+        more = f"; and {len(over) - 5} more" if len(over) > 5 else ""
+        raise ConfigError(f"{len(over)} prompt(s) leave the model no room to answer: a prompt (system turn, tool "
+                          f"schemas, question) must be shorter than agent.max_total_tokens = {limit} tokens: "
+                          f"{shown}{more}. Raise agent.max_total_tokens (and engine.max_model_len) or drop these "
+                          "rows")
 
     def sampling_seed(self, step: int) -> int:
         return step_sampling_seed(self.cfg.seed, self.cfg.agent.seed, step)
@@ -241,12 +339,7 @@ class Trainer:
     def warm_up_predictor(self) -> dict[str, float]:
         """Fit the predictor on the warm-up split before RL (:class:`PredictorWarmupConfig`)."""
         w = self.cfg.predictor_warmup
-        tasks = read_tasks(Path(w.task_file))  # type: ignore[arg-type]
-        pool_ids = {t.id for t in self.tasks}
-        shared = sorted(pool_ids & {t.id for t in tasks})
-        if shared:
-            raise ValueError(f"predictor_warmup.task_file shares {len(shared)} questions with the training pool "
-                             f"(e.g. {shared[0]!r}): the warm-up split must be disjoint from it")
+        tasks = self._warmup_tasks  # read and checked (disjoint from the pool, lengths) when the trainer was built
         t0 = time.perf_counter()
         result = self._bare_rollouts(tasks, w.samples, derive_seed("predictor_warmup", w.seed))
         fit = self.predictor.fit(result.trees, w.updates)
@@ -366,17 +459,20 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Run (or resume) to ``cfg.steps``. The tracked run is RUNNING meanwhile and ends FAILED on an
         exception (re-raised), KILLED on SIGTERM/SIGINT (:func:`~trace_core.tracking.tracked_run`)."""
-        with tracked_run(self.tracker):
-            try:
-                return self._run()
-            except EngineFault as fault:
-                latest = self._latest_checkpoint()
-                where = (f"the last complete checkpoint is {latest.name}" if latest is not None
-                         else "no checkpoint was written yet")
-                raise EngineFault(f"step {self.state.step}: {fault}; the run stops ({where}): fix the engine "
-                                  "and rerun the same command to resume") from fault
-            finally:
-                self.engine.stop_watchdog()  # the engine may outlive this trainer (a caller's engine)
+        try:
+            with tracked_run(self.tracker):
+                try:
+                    return self._run()
+                except EngineFault as fault:
+                    latest = self._latest_checkpoint()
+                    where = (f"the last complete checkpoint is {latest.name}" if latest is not None
+                             else "no checkpoint was written yet")
+                    raise EngineFault(f"step {self.state.step}: {fault}; the run stops ({where}): fix the engine "
+                                      "and rerun the same command to resume") from fault
+                finally:
+                    self.engine.stop_watchdog()  # the engine may outlive this trainer (a caller's engine)
+        finally:
+            self._release_output_dir()  # the run is over: another process may resume it now
 
     def _reached(self, boundary: str, step: int) -> None:
         """Called at each phase boundary of a step (``trees_saved``, ``checkpointed``, ``logged``):
@@ -501,6 +597,7 @@ class Trainer:
         with open(tmp / "rng.pkl", "wb") as f:
             pickle.dump({"numpy": self.rng.bit_generator.state, "torch": torch.get_rng_state()}, f)
         self.state.run_id = self.tracker.run_id
+        self.state.identity = self.identity
         (tmp / STATE_FILE).write_text(json.dumps(self.state.__dict__, default=float))
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
