@@ -1,9 +1,10 @@
 """Contrast benchmark on the simulator: at equal total budget M(1+N), the
 effective ratio, prefix effective ratio, contrastive yield (method §7) and rollouts per mixed group
 of GRPO (G = 8), PCL, TreePO, TRACE with an oracle, a noisy and a learned predictor, both
-ablations, the history-based baselines GRESO and DAPO, and the posterior-aware TRACE roots (exact
-and Thompson) — in both simulator modes: fresh i.i.d. prompts every step, and a persistent pool
-whose prompts recur and drift.
+ablations, the history-based and round baselines GRESO, DAPO (both as their authors run them:
+they spend what their rounds sample, reported as ``spent``) and our budget-capped DAPO
+(``dapo-capped``), and the posterior-aware TRACE roots (exact and Thompson) — in both simulator
+modes: fresh i.i.d. prompts every step, and a persistent pool whose prompts recur and drift.
 
     python bench/contrast.py [--quick] [--workers 2] [--seed 0] [--out bench/results/contrast.json]
     python bench/contrast.py --posterior-sweep --seed 100     # how the posterior's defaults were fixed
@@ -25,7 +26,7 @@ Protocol (fixed before any result was seen; the simulator's defaults are pinned 
   cell, the same epoch order for every row): common random numbers, so method differences are
   not pool noise.
 - PCL, the ablations and the posterior rows use the same predictor as the TRACE row they are
-  listed with; GRPO, TreePO, GRESO and DAPO never read predictions.
+  listed with; GRPO, TreePO, GRESO and both DAPO rows never read predictions.
 - Noisy predictor: ``sigmoid(logit V + N(0, σ))``, σ = 2 by default; a sweep over σ reports the
   Spearman each σ achieves against the hidden V.
 - VIP (``vip``) reads the predictor's score as its Gaussian process's input (``trace_core.vip``):
@@ -80,6 +81,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("trace-prefix-only / learned", "trace-prefix-only", "learned"),
     ("greso", "greso", "none"),
     ("dapo", "dapo", "none"),
+    ("dapo-capped", "dapo-capped", "none"),
     ("trace-posterior / oracle", "trace-posterior", "oracle"),
     ("trace-posterior / noisy", "trace-posterior", "noisy"),
     ("trace-posterior / learned", "trace-posterior", "learned"),
@@ -297,13 +299,18 @@ def protocol(args: argparse.Namespace) -> dict:
     from trace_core.sim import LearnedPredictorConfig, PersistentPoolConfig, SimConfig
     from trace_core.vip import VipConfig
 
-    dapo = get_method("dapo").group_filter
+    def rounds(name: str) -> dict:
+        rule = get_method(name).group_filter
+        return dataclasses.asdict(rule.config if rule is not None else DynamicSamplingConfig())
+
     return {
         "sim_config": dataclasses.asdict(SimConfig()),
         "persistent_pool": dataclasses.asdict(PersistentPoolConfig()),
         "learned_predictor": dataclasses.asdict(LearnedPredictorConfig(seed=args.seed)),
         "greso": dataclasses.asdict(GresoConfig()),
-        "dapo": dataclasses.asdict(dapo.config if dapo is not None else DynamicSamplingConfig()),
+        "greso_rounds": rounds("greso"),
+        "dapo": rounds("dapo"),
+        "dapo-capped": rounds("dapo-capped"),
         "posterior": dataclasses.asdict(PosteriorConfig()),
         "vip": dataclasses.asdict(VipConfig()),
         "noise_std_default": DEFAULT_NOISE_STD,
@@ -354,7 +361,8 @@ def posterior_sweep(args: argparse.Namespace, tasks: list[Task], results: list[d
 
 # ---------------------------------------------------------------------------------- the tables
 # per table, its columns' decimal places
-MAIN_DIGITS = {"eff": 3, "±sd": 3, "prefix": 3, "yield": 1, "r/mix": 1, "×GRPO": 2, "prompts": 0, "skip": 2,
+MAIN_DIGITS = {"eff": 3, "±sd": 3, "prefix": 3, "yield": 1, "r/mix": 1, "spent": 0, "×GRPO": 2, "prompts": 0,
+               "skip": 2,
                "m": 2, "m+K": 2, "turns": 0, "ρroot": 2, "ρanch": 2, "pool": 3}
 BOTH_MODES_DIGITS = {"eff iid": 3, "eff pers": 3, "r/mix iid": 1, "r/mix pers": 1, "yield iid": 1,
                      "yield pers": 1, "pool": 3}
@@ -372,7 +380,8 @@ def main_row(label: str, res: dict, grpo_eff: float, persistent: bool) -> dict:
     row = {
         "method / predictor": label, "eff": eff, "±sd": res["reported"]["effective_ratio"]["std"],
         "prefix": mean_of(res, "prefix_effective_ratio"), "yield": mean_of(res, "contrastive_yield"),
-        "r/mix": mean_of(res, "rollouts_per_mixed_group_pooled"), "×GRPO": eff / grpo_eff,
+        "r/mix": mean_of(res, "rollouts_per_mixed_group_pooled"), "spent": mean_of(res, "counts/rollouts"),
+        "×GRPO": eff / grpo_eff,
         "prompts": mean_of(res, "counts/activated"), "skip": mean_of(res, "alloc/skipped_share"),
         "m": mean_of(res, "alloc/mean_m_selected"), "m+K": mean_of(res, "alloc/mean_rollouts_selected"),
         "turns": mean_of(res, "turns_generated"), "ρroot": mean_of(res, "spearman_root_vs_true"),
@@ -393,7 +402,7 @@ def print_main_table(args: argparse.Namespace, grid: ResultGrid, mode: str, M: i
         shape_out[label] = {"ratio_to_grpo": mean_of(res, "effective_ratio") / grpo, **res}
     title = (f"[{mode}] (M, N) = ({M}, {N}): {M * (1 + N)} trajectories per step, pool {4 * M * (1 + N) // 8}"
              f"; mean over the last {args.report_steps} of {args.total_steps} steps (r/mix: rollouts per mixed"
-             " group, pooled)")
+             " group, pooled; spent: rollouts a step, what a round method's rounds sampled)")
     if mode == "persistent":
         title += "; pool: dataset success after the last step"
     print_figures(rows, title, MAIN_DIGITS)
@@ -696,7 +705,7 @@ def plot_mixed_group_price(ax, grid: ResultGrid, args: argparse.Namespace) -> No
 
 def plot_persistent_curves(ax, grid: ResultGrid, args: argparse.Namespace) -> None:
     M, N = args.sensitivity_shape
-    for label in ("grpo", "greso", "dapo", "trace / learned", "trace-posterior / learned",
+    for label in ("grpo", "greso", "dapo", "dapo-capped", "trace / learned", "trace-posterior / learned",
                   "trace-posterior-thompson / learned"):
         ax.plot(grid.main_run(label, M, N, "persistent")["effective_ratio_by_step"], label=f"{label}: eff")
     ax.set_xlabel("step (persistent pool)")
