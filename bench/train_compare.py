@@ -375,7 +375,8 @@ def retable(path: Path) -> dict:
                      "warmup_rollouts": warmup})
     variants = [r["method"] for r in data["rows"]]
     rows, pool = summarise(runs, variants, data["budget"]["pool_k"], data.get("pool_size", 128))
-    return {**data, "rows": rows, "pool_success_measurement": pool, "targets": judge(rows, pool, runs)}
+    return {**data, "rows": rows, "pool_success_measurement": pool, "targets": judge(rows, pool, runs),
+            "provenance": EQUIVALENCE}
 
 
 def plot(runs: list[dict], variants: list[str], path: Path) -> None:
