@@ -163,3 +163,36 @@ def test_a_miniature_testbed_lands_in_its_calibration_range(kb_qa_index, tmp_pat
     lo, hi = mini.grpo_ratio_range
     assert lo <= spread.grpo_effective_ratio <= hi, spread.to_json()
     assert spread.shares["never"] + spread.shares["always"] > 0.5, spread.to_json()
+
+
+def test_the_heldout_split_is_the_test_questions_on_the_testbed_topics(rows) -> None:
+    data, md5 = rows
+    bed = tb.draw_testbed(data, tb.TestbedConfig(), md5)
+    test_rows, _ = tb.read_rows(DATA / "qa" / "test.jsonl")
+    held = tb.heldout_rows(test_rows, bed)
+    assert held, "the embedded test split holds questions on the testbed's topics"
+    assert not {r["id"] for r in held} & (set(bed.pool) | set(bed.warmup))
+    assert {topic(r) for r in held} <= set(bed.competence)
+    assert all(len(r["metadata"]["path"]) <= bed.config.max_hops for r in held)
+    # every test question on a testbed topic within the hop limit is in it, and the JSON form agrees
+    expected = [r for r in test_rows if topic(r) in bed.competence and len(r["metadata"]["path"]) <= 3]
+    assert [r["id"] for r in held] == [r["id"] for r in expected]
+    assert tb.heldout_rows(test_rows, json.loads(json.dumps(bed.to_json()))) == held
+
+
+def test_the_testbed_identity_follows_the_weights_and_the_recorded_code(tmp_path, rows) -> None:
+    data, md5 = rows
+    bed = tb.draw_testbed(data, tb.TestbedConfig(), md5)
+    folder = tmp_path / "bed"
+    (folder / "policy").mkdir(parents=True)
+    (folder / "testbed.json").write_text(json.dumps({**bed.to_json(), "warm_start_code": "abc"}))
+    (folder / "policy" / "model.safetensors").write_bytes(b"weights one")
+    first = tb.testbed_identity(folder)
+    assert first["hash"] == bed.hash and first["warm_start_code"] == "abc"
+    (folder / "policy" / "model.safetensors").write_bytes(b"weights two")
+    assert tb.testbed_identity(folder)["policy_digest"] != first["policy_digest"]
+    (folder / "testbed.json").write_text(json.dumps(bed.to_json()))  # a folder that recorded no code digest
+    assert tb.testbed_identity(folder)["warm_start_code"] == tb.warm_start_code_digest()
+    (folder / "policy" / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="no weight file"):
+        tb.testbed_identity(folder)
