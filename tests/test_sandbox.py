@@ -784,3 +784,20 @@ def test_one_sandbox_serves_concurrent_calls(sandbox):
         results = list(pool.map(lambda i: sandbox.run(f"print({i} ** 2)"), range(8)))
     assert [r.observation for r in results] == [str(i**2) for i in range(8)]
     assert _leftovers() == []
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv")
+def test_the_sandbox_starts_without_cap_mknod():
+    """A pod that grants only SYS_ADMIN, SETUID, SETGID and CHOWN cannot make device nodes: the
+    cell's /dev then binds the host's few character devices, and the sandbox still starts."""
+    import subprocess
+
+    script = textwrap.dedent(f"""
+        from trace_core.envs.sandbox import PythonSandbox, SandboxConfig
+        box = PythonSandbox(SandboxConfig(uid={TEST_UID}, uid_count={UIDS}, gid={TEST_UID}, wall_seconds=60.0))
+        print(box.run("open('/dev/null', 'w').write('x'); print(len(open('/dev/urandom', 'rb').read(8)))").observation)
+    """)
+    done = subprocess.run(["setpriv", "--bounding-set", "-mknod", sys.executable, "-c", script],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "8"

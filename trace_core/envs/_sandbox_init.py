@@ -74,6 +74,7 @@ _ARCHES = {
     "aarch64": {"audit_arch": 0xC00000B7, "memfd_create": 279, "memfd_secret": 447, "unshare": 97, "setns": 268,
                 "clone": 220, "clone3": 435, "pivot_root": 41},
 }
+_DEVICES = (("null", 3), ("zero", 5), ("full", 7), ("random", 8), ("urandom", 9))  # major 1 (mem)
 _SYSCALLS = _ARCHES.get(os.uname().machine, {})
 
 
@@ -186,6 +187,7 @@ def _setup_mounts(spec: dict) -> None:
     """Builds the cell's whole view on a fresh tmpfs and makes it the root (see the module docstring)."""
     # Everything taken from the host is opened first, while the host's view is still there.
     held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in spec["expose"]]
+    devices = {name: os.open(f"/dev/{name}", os.O_PATH) for name, _ in _DEVICES}
     with open(spec["runner"], "rb") as f:
         runner_source = f.read()
     etc = {}
@@ -226,9 +228,16 @@ def _setup_mounts(spec: dict) -> None:
     # host's inodes), and a private /dev/shm.
     os.mkdir(f"{root}/dev", 0o755)
     _mount("tmpfs", f"{root}/dev", "tmpfs", MS_NOSUID, "size=64k,nr_inodes=64,mode=755")
-    for name, minor in (("null", 3), ("zero", 5), ("full", 7), ("random", 8), ("urandom", 9)):
-        os.mknod(f"{root}/dev/{name}", 0o666 | stat.S_IFCHR, os.makedev(1, minor))
-        os.chmod(f"{root}/dev/{name}", 0o666)
+    for name, minor in _DEVICES:
+        node = f"{root}/dev/{name}"
+        try:
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+            os.chmod(node, 0o666)
+        except PermissionError:  # no CAP_MKNOD (a pod that grants only what it must): bind the host's
+            _write(node, b"", 0o666)
+            _mount(f"/proc/self/fd/{devices[name]}", node, None, MS_BIND)
+    for fd in devices.values():
+        os.close(fd)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{root}/dev/{name}")
