@@ -315,6 +315,27 @@ def test_an_error_after_the_run_exists_ends_it_failed_with_the_reason(tiny_model
     assert run.data.tags["tracking.failure"] == "RuntimeError: no device for the engine (injected)"
 
 
+def test_a_caller_s_run_ends_failed_when_the_trainer_refuses_its_inputs(tmp_path, monkeypatch) -> None:
+    """A pipeline step builds its tracker (and so its run) before the trainer: a refused input ends
+    that run FAILED, with the reason, rather than leaving it RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    from trace_core.config import ConfigError, load_config
+    from trace_core.tracking import MLflowTracker, TrackingConfig
+    from trace_core.training.config import TrainConfig
+    from trace_core.training.trainer import Trainer
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = MLflowTracker(TrackingConfig(tracking_uri=uri, experiment="caller", spool_dir=str(tmp_path / "spool")))
+    cfg = load_config(TrainConfig, None, [f"policy_model={tmp_path / 'missing'}", "task.family=fixed-turns",
+                                          f"output_dir={tmp_path / 'out'}", f"tracking.tracking_uri={uri}"])
+    with pytest.raises(ConfigError, match="policy_model .* does not exist"):
+        Trainer(cfg, tracker=tracker)
+    run = MlflowClient(uri).get_run(tracker.run_id)
+    assert run.info.status == "FAILED" and "policy_model" in run.data.tags["tracking.failure"]
+
+
 # --------------------------------------------------------------------------- one writer per run
 def _train_args(model: Path, out: Path, uri: str, method: str = "trace", steps: int = 3) -> list[str]:
     return [*TRACE_RL, "train", "engine.kind=hf", *tiny_overrides(model, out, uri, method, steps=steps)]
@@ -339,7 +360,7 @@ def test_two_trainers_started_together_on_one_folder(tiny_models, tmp_path) -> N
     out, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = _train_args(tiny_models[0], out, uri, steps=2)
     procs = [_start(args, tmp_path / f"p{i}.log", tmp_path) for i in range(2)]
-    codes = [p.wait(timeout=600) for p in procs]
+    codes = [p.wait(timeout=1200) for p in procs]
     logs = [(tmp_path / f"p{i}.log").read_text() for i in range(2)]
     assert sorted(codes) == [0, 2], logs
     winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
@@ -361,7 +382,7 @@ def contested_run(tiny_models, tmp_path_factory):
     out, uri = root / "run", f"sqlite:///{root / 'mlflow.db'}"
     first = _start([*_train_args(tiny_models[0], out, uri, steps=4), "keep_checkpoints=1"], root / "first.log", root)
     latest = out / "checkpoints" / "latest"
-    deadline = time.monotonic() + 420
+    deadline = time.monotonic() + 900
     while time.monotonic() < deadline and first.poll() is None and not latest.is_file():
         time.sleep(0.05)
     assert first.poll() is None, "the first run ended before its first checkpoint: " + (root / "first.log").read_text()
@@ -370,10 +391,10 @@ def contested_run(tiny_models, tmp_path_factory):
     first.send_signal(signal.SIGSTOP)
     try:
         second = subprocess.run(_train_args(tiny_models[0], out, uri, steps=4), cwd=root, env=_env(),
-                                capture_output=True, text=True, timeout=300)
+                                capture_output=True, text=True, timeout=600)
     finally:
         first.send_signal(signal.SIGCONT)
-    first_code = first.wait(timeout=600)
+    first_code = first.wait(timeout=1200)
     return {"out": out, "uri": uri, "root": root, "first": first, "first_code": first_code, "second": second,
             "first_log": (root / "first.log").read_text()}
 
@@ -407,7 +428,7 @@ def test_another_configuration_on_a_finished_folder_is_refused(contested_run, ti
     assert r["first_code"] == 0
     before = (r["out"] / "checkpoints" / "latest").read_text()
     done = subprocess.run([*_train_args(tiny_models[0], r["out"], r["uri"], steps=4), override], cwd=r["root"],
-                          env=_env(), capture_output=True, text=True, timeout=300)
+                          env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 2, done.stderr[-2000:]
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith(f"trace-rl: output_dir {r['out']} holds a checkpoint (step_000004) of another run: ")
@@ -423,7 +444,7 @@ def test_the_same_configuration_on_the_finished_folder_resumes_it(contested_run,
 
     r = contested_run
     done = subprocess.run(_train_args(tiny_models[0], r["out"], r["uri"], steps=5), cwd=r["root"], env=_env(),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     (run,) = _runs_of(r["uri"], r["out"])
     steps = sorted(m.step for m in MlflowClient(r["uri"]).get_metric_history(run.info.run_id, "effective_ratio"))

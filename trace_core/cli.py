@@ -53,13 +53,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "show-config":
         print(dump_yaml(cfg), end="")
         return 0
+    from pathlib import Path
+
+    from trace_core.training.run_guard import check_inputs, hold_output_dir
+
+    try:  # the paths and the folder's writer lock before torch is even imported: a refusal is at once
+        check_inputs(cfg)
+        lock = hold_output_dir(Path(cfg.output_dir))
+    except refused_before_work() as err:
+        print(f"trace-rl: {one_line(err)}", file=sys.stderr)
+        return 2
     from trace_core.training.trainer import train
 
     try:
-        summary = train(cfg)
+        summary = train(cfg)  # the trainer checks again and holds the same lock (this process's) for its run
     except refused_before_work() as err:  # a bad input, found before any work: one line, no traceback
         print(f"trace-rl: {one_line(err)}", file=sys.stderr)
         return 2
+    finally:
+        if lock is not None:
+            lock.release()
     print(json.dumps({k: summary[k] for k in ("method", "steps", "run_id", "wall_s")}, default=str))
     return 0
 

@@ -162,14 +162,17 @@ class Trainer:
         with the reason."""
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
-        check_inputs(cfg)
-        self._lock = hold_output_dir(self.out)
+        self._lock = None
         try:
+            check_inputs(cfg)
+            self._lock = hold_output_dir(self.out)
             self._prepare(cfg)
             # The tracking store is checked (and the run created or resumed) before anything heavy
             # is loaded: a store that cannot be written is an error before any model exists.
             self.tracker = tracker if tracker is not None else self._build_tracker()
-        except BaseException:
+        except BaseException as err:
+            if tracker is not None:  # a caller's run exists already: it ends FAILED too, with the reason
+                end_after(tracker, err)
             self._release_output_dir()
             raise
         try:
