@@ -266,38 +266,114 @@ class FaultyEngine:
 
 
 # ------------------------------------------------------------------------------------ fault summary
-_FAULT_AREAS = {"test_sandbox.py": "sandbox (hostile cells)", "test_sandbox_forgery.py": "sandbox (forged reports)",
-                "test_data_errors.py": "bad data", "test_tracking.py": "tracking store",
-                "test_engine_faults.py": "rollout engine", "test_trainer_faults.py": "training loop"}
+# A test counts as a fault injection only if it asks for the `fault` fixture, and it reports what it
+# expected and what it found; the summary adds those figures up. Its area is its module's
+# FAULT_AREA. (The module mark `faults` only selects the suite for `make faults`.)
+_FAULT_TESTS: dict[str, str] = {}  # nodeid -> area, from collection: skipped tests are known too
+_FAULT_OUTCOMES: dict[str, str] = {}  # nodeid -> passed / failed / error / skipped
+_FAULT_FIGURES: dict[str, list[tuple[str, int, int]]] = {}  # nodeid -> (unit, expected, found)
+_RECORD_AREAS = ("tracking store", "training loop", "trainer resume")  # where records can be lost
+
+
+class FaultReport:
+    """What one fault-injection test checked: `records(written, stored)` for the records a fault
+    must not lose (each written one found exactly once), `artifacts(expected, loadable)`, and
+    `check(unit, expected, found)` for anything else counted (attacks contained, inputs refused)."""
+
+    def __init__(self, nodeid: str) -> None:
+        self.figures = _FAULT_FIGURES.setdefault(nodeid, [])
+
+    def check(self, unit: str, expected: int, found: int) -> None:
+        self.figures.append((unit, int(expected), int(found)))
+
+    def records(self, written, stored) -> None:
+        stored = list(stored)
+        self.check("records", len(written), sum(1 for r in written if stored.count(r) == 1))
+
+    def artifacts(self, expected: int, loadable: int) -> None:
+        self.check("artifacts", expected, loadable)
+
+
+@pytest.fixture
+def fault(request) -> FaultReport:
+    """Marks the test as a fault injection and takes its figures (see `FaultReport`)."""
+    return FaultReport(request.node.nodeid)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    for item in items:
+        if "fault" in getattr(item, "fixturenames", ()):
+            _FAULT_TESTS[item.nodeid] = getattr(getattr(item, "module", None), "FAULT_AREA", "other")
+
+
+def pytest_deselected(items) -> None:
+    for item in items:
+        _FAULT_TESTS.pop(item.nodeid, None)
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.nodeid not in _FAULT_TESTS:
+        return
+    previous = _FAULT_OUTCOMES.get(report.nodeid)
+    if report.skipped:
+        outcome = "skipped"
+    elif report.failed:
+        outcome = "failed" if report.when == "call" else "error"
+    else:
+        outcome = "passed"
+    if previous in (None, "passed") or outcome == "error":  # a teardown error overrides a passed call
+        _FAULT_OUTCOMES[report.nodeid] = outcome
+
+
+def fault_summary() -> list[str]:
+    """The summary's lines, computed from the fault tests' outcomes and reported figures."""
+    if not _FAULT_TESTS:
+        return []
+    areas: dict[str, dict] = {}
+    for nodeid, area in _FAULT_TESTS.items():
+        row = areas.setdefault(area, {"passed": 0, "failed": 0, "error": 0, "skipped": 0, "not run": 0, "units": {}})
+        outcome = _FAULT_OUTCOMES.get(nodeid, "not run")
+        row[outcome] += 1
+        if outcome in ("passed", "failed"):
+            for unit, expected, found in _FAULT_FIGURES.get(nodeid, []):
+                sums = row["units"].setdefault(unit, [0, 0])
+                sums[0] += expected
+                sums[1] += found
+    lines = []
+    for area, row in sorted(areas.items()):
+        ran = row["passed"] + row["failed"]
+        text = f"{area:26s} {ran:4d} injected, {row['passed']:4d} held, {row['failed']} broke"
+        for key in ("error", "skipped", "not run"):
+            if row[key]:
+                text += f", {row[key]} {'errored' if key == 'error' else key}"
+        for unit, (expected, found) in sorted(row["units"].items()):
+            text += f"; {unit} {found}/{expected}"
+        lines.append(text)
+    total = {k: sum(r[k] for r in areas.values()) for k in ("passed", "failed", "error", "skipped", "not run")}
+    records = [f for nodeid, figs in _FAULT_FIGURES.items() if _FAULT_OUTCOMES.get(nodeid) in ("passed", "failed")
+               for f in figs if f[0] == "records"]
+    unmeasured = sum(1 for n, area in _FAULT_TESTS.items() if area in _RECORD_AREAS
+                     and _FAULT_OUTCOMES.get(n, "not run") in ("skipped", "error", "not run"))
+    if records:
+        written = sum(e for _, e, _ in records)
+        lost = sum(max(0, e - f) for _, e, f in records)
+        lost_text = f"{lost} of {written} written ({len(records)} checks)"
+    else:
+        lost_text = "not measured (no test that counts records ran)"
+    if unmeasured:
+        lost_text += f"; {unmeasured} tracking/training fault tests did not run (skipped or errored): not counted"
+    lines.append(f"{total['passed'] + total['failed']} faults injected, {total['passed']} held, "
+                 f"{total['failed']} broke, {total['error']} errored, {total['skipped'] + total['not run']} skipped; "
+                 f"records lost: {lost_text}")
+    return lines
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    """The fault-injection suite's figures: how many attacks, faults and bad inputs each area was
-    put through, and how many held. Records lost is what the tracking and training-loop tests
-    assert (every record delivered exactly once); it reads 0 only when all of them passed."""
-    counts: dict[str, list[int]] = {}
-    for outcome in ("passed", "failed", "error", "skipped"):
-        for report in terminalreporter.stats.get(outcome, []):
-            if getattr(report, "when", "call") not in ("call", "setup") or "faults" not in report.keywords:
-                continue
-            if report.when == "setup" and outcome == "passed":
-                continue
-            area = _FAULT_AREAS.get(Path(report.nodeid.split("::")[0]).name, "other")
-            row = counts.setdefault(area, [0, 0, 0])
-            row[{"passed": 0, "skipped": 2}.get(outcome, 1)] += 1
-    if not counts:
-        return
-    terminalreporter.section("fault injection")
-    for area, (held, broke, skipped) in sorted(counts.items()):
-        terminalreporter.write_line(f"{area:28s} {held + broke:4d} injected, {held:4d} held, {broke} broke"
-                                    + (f", {skipped} skipped" if skipped else ""))
-    lossy = sum(counts.get(a, [0, 0, 0])[1] for a in ("tracking store", "training loop"))
-    total = sum(h + b for h, b, _ in counts.values())
-    if not {"tracking store", "training loop"} & set(counts):
-        lost = "not measured here (no tracking or training-loop test ran)"
-    else:
-        lost = "0" if lossy == 0 else f"not shown ({lossy} tracking/loop tests failed)"
-    terminalreporter.write_line(f"{total} faults injected; records lost: {lost}")
+    lines = fault_summary()
+    if lines:
+        terminalreporter.section("fault injection")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 # ------------------------------------------------------------------------------------ heartbeat

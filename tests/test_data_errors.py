@@ -20,7 +20,8 @@ from trace_core.data.loaders import load_dataset, read_records
 from trace_core.data.reading import READ_STAGE, ReadConfig, read_json_lines
 from trace_core.data.validation import DataValidationError, load_validated
 
-pytestmark = pytest.mark.faults  # counted in the fault-injection summary (data)
+pytestmark = pytest.mark.faults  # selected by `make faults`; the tests with `fault` are its injections
+FAULT_AREA = "bad data"
 
 REPO = Path(__file__).resolve().parents[1]
 UTF8_RULE = "the line is valid UTF-8"
@@ -51,7 +52,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 # --- undecodable bytes -----------------------------------------------------------------------------
 
 
-def test_invalid_utf8_names_the_file_line_and_byte(tmp_path: Path) -> None:
+def test_invalid_utf8_names_the_file_line_and_byte(fault, tmp_path: Path) -> None:
     bad = _write_lines(tmp_path / "latin1.jsonl", [
         _line(_row(0)),
         _line(_row(1, prompt="caf\u00e9?")).replace("é".encode(), b"\xe9"),  # Latin-1, not UTF-8
@@ -71,7 +72,7 @@ def test_invalid_utf8_names_the_file_line_and_byte(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".json", ".jsonl"])
-def test_published_formats_name_the_undecodable_line(tmp_path: Path, suffix: str) -> None:
+def test_published_formats_name_the_undecodable_line(fault, tmp_path: Path, suffix: str) -> None:
     good = {".csv": b"Question,Answer", ".json": b"[", ".jsonl": b'{"Question": "q", "Answer": "a"}'}[suffix]
     bad = _write_lines(tmp_path / f"bamboogle{suffix}", [good, b'  "Who was \x80?"'])  # byte 12 of line 2
     with pytest.raises(DataValidationError, match=rf"(?s){bad.name} \(while reading\).*line 2 \(id None\) "
@@ -79,7 +80,7 @@ def test_published_formats_name_the_undecodable_line(tmp_path: Path, suffix: str
         read_records(bad)
 
 
-def test_bfcl_files_name_the_undecodable_line(tmp_path: Path) -> None:
+def test_bfcl_files_name_the_undecodable_line(fault, tmp_path: Path) -> None:
     questions = _write_lines(tmp_path / "BFCL_v4_multi_turn_base.json", [b'{"id": "multi_turn_base_0\xc3"}'])
     with pytest.raises(DataValidationError,
                        match=r"(?s)BFCL_v4_multi_turn_base.json \(while reading\).*line 1 \(id None\) \[byte 0xc3"):
@@ -89,7 +90,7 @@ def test_bfcl_files_name_the_undecodable_line(tmp_path: Path) -> None:
 # --- row size --------------------------------------------------------------------------------------
 
 
-def test_a_20_mb_metadata_field_is_rejected_by_default(tmp_path: Path) -> None:
+def test_a_20_mb_metadata_field_is_rejected_by_default(fault, tmp_path: Path) -> None:
     huge = _row(1, metadata={"notes": "x" * (20 << 20)})
     path = _write_lines(tmp_path / "huge.jsonl", [_line(_row(0)), _line(huge), _line(_row(2))])
     with pytest.raises(DataValidationError) as info:
@@ -101,7 +102,7 @@ def test_a_20_mb_metadata_field_is_rejected_by_default(tmp_path: Path) -> None:
     assert f"line 2 (id 'm1') [{len(_line(huge))} bytes]" in str(info.value)
 
 
-def test_the_row_limit_is_configurable(tmp_path: Path) -> None:
+def test_the_row_limit_is_configurable(fault, tmp_path: Path) -> None:
     rows = [_row(0), _row(1, metadata={"notes": "y" * 600}), _row(2)]
     path = _write_lines(tmp_path / "rows.jsonl", [_line(r) for r in rows])
     records, lines = read_json_lines(path)  # the default takes them all
@@ -114,7 +115,7 @@ def test_the_row_limit_is_configurable(tmp_path: Path) -> None:
             ReadConfig(max_row_bytes=value)  # type: ignore[arg-type]
 
 
-def test_rows_of_csv_and_parquet_files_are_measured_too(tmp_path: Path) -> None:
+def test_rows_of_csv_and_parquet_files_are_measured_too(fault, tmp_path: Path) -> None:
     path = tmp_path / "bamboogle.csv"
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -130,7 +131,7 @@ def test_rows_of_csv_and_parquet_files_are_measured_too(tmp_path: Path) -> None:
         read_records(parquet, ReadConfig(max_row_bytes=1000))
 
 
-def test_every_bad_line_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
+def test_every_bad_line_of_a_file_is_reported_at_once(fault, tmp_path: Path) -> None:
     path = _write_lines(tmp_path / "mixed.jsonl", [
         _line(_row(0)),
         b'{"id": "m1", "prompt": "\xc0"}',
@@ -149,7 +150,7 @@ def test_every_bad_line_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
 # --- command lines ---------------------------------------------------------------------------------
 
 
-def test_validation_cli_prints_the_report_and_exits_2(tmp_path: Path) -> None:
+def test_validation_cli_prints_the_report_and_exits_2(fault, tmp_path: Path) -> None:
     good = _write_lines(tmp_path / "good.jsonl", [_line(_row(i)) for i in range(3)])
     undecodable = _write_lines(tmp_path / "undecodable.jsonl", [_line(_row(0)), b'{"id": "\xff"}'])
     broken = _write_lines(tmp_path / "broken.jsonl", [_line(_row(0)), _line(_row(1, answers=[" "]))])
@@ -163,7 +164,7 @@ def test_validation_cli_prints_the_report_and_exits_2(tmp_path: Path) -> None:
     assert "  - no answer is blank: line 2 (id 'm1')" in result.stderr
 
 
-def test_validation_cli_row_limit_and_bad_arguments(tmp_path: Path) -> None:
+def test_validation_cli_row_limit_and_bad_arguments(fault, tmp_path: Path) -> None:
     path = _write_lines(tmp_path / "rows.jsonl", [_line(_row(0)), _line(_row(1, metadata={"n": "w" * 400}))])
     result = _run("-m", "trace_core.data.validation", "--max-row-bytes", "300", str(path), str(tmp_path / "nope.jsonl"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -173,7 +174,7 @@ def test_validation_cli_row_limit_and_bad_arguments(tmp_path: Path) -> None:
     assert zero.returncode == 2 and "max_row_bytes must be a whole number of bytes >= 1" in zero.stderr
 
 
-def test_generate_cli_reports_invalid_output_and_exits_2(tmp_path: Path) -> None:
+def test_generate_cli_reports_invalid_output_and_exits_2(fault, tmp_path: Path) -> None:
     out = tmp_path / "data"
     result = _run("-m", "trace_core.data.generate", "--out", str(out), "--max-row-bytes", "700")
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -181,7 +182,8 @@ def test_generate_cli_reports_invalid_output_and_exits_2(tmp_path: Path) -> None
     assert "  - a row is at most 700 bytes: line 1 (id 'multi_turn_base_" in result.stderr
 
 
-def test_train_cli_reports_invalid_training_data_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_train_cli_reports_invalid_training_data_and_exits_2(fault, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
     from trace_core.cli import main
 
     bad = _write_lines(tmp_path / "train.jsonl", [_line(_row(0)), b'{"id": "m1", "prompt": "\xfe"}'])

@@ -12,7 +12,8 @@ from conftest import FaultyEngine
 from trace_core.rollout.engine import GenerationRequest, SamplingConfig, generate
 from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
 
-pytestmark = pytest.mark.faults  # counted in the fault-injection summary (engine)
+pytestmark = pytest.mark.faults  # selected by `make faults`; the tests with `fault` are its injections
+FAULT_AREA = "rollout engine"
 
 
 CRASH = RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
@@ -36,7 +37,7 @@ def test_a_healthy_engine_is_unchanged_behind_the_guard(hf_engine) -> None:
     guarded._stop.set()
 
 
-def test_a_crash_in_the_engine_is_one_fault_naming_it_and_breaks_the_engine(hf_engine) -> None:
+def test_a_crash_in_the_engine_is_one_fault_naming_it_and_breaks_the_engine(hf_engine, fault) -> None:
     guarded = GuardedEngine(FaultyEngine(hf_engine, 2, CRASH), EngineGuardConfig(poll_timeout_s=30))
     try:
         with pytest.raises(EngineFault, match="failed in poll: RuntimeError: CUDA error") as err:
@@ -49,7 +50,7 @@ def test_a_crash_in_the_engine_is_one_fault_naming_it_and_breaks_the_engine(hf_e
         _drain(hf_engine)
 
 
-def test_a_hung_engine_is_interrupted_and_reported(hf_engine) -> None:
+def test_a_hung_engine_is_interrupted_and_reported(hf_engine, fault) -> None:
     guarded = GuardedEngine(FaultyEngine(hf_engine, 1, None), EngineGuardConfig(poll_timeout_s=0.5))
     try:
         t0 = time.monotonic()
@@ -62,7 +63,7 @@ def test_a_hung_engine_is_interrupted_and_reported(hf_engine) -> None:
         _drain(hf_engine)
 
 
-def test_a_users_interrupt_is_not_taken_for_a_hang(hf_engine) -> None:
+def test_a_users_interrupt_is_not_taken_for_a_hang(hf_engine, fault) -> None:
     class _Interrupted(FaultyEngine):
         def poll(self):
             raise KeyboardInterrupt

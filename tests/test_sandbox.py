@@ -48,6 +48,7 @@ ESCAPE_PATHS = [
     f"/dev/shm/escape-{TOKEN}",
 ]
 
+FAULT_AREA = "sandbox (hostile cells)"  # the fault summary's area of the tests with `fault`
 pytestmark = [pytest.mark.faults, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="the sandbox needs root and util-linux unshare",
@@ -123,7 +124,7 @@ def _leftovers() -> list[str]:
 
 
 @pytest.fixture
-def hostile(sandbox, tight, sentinel_dir):
+def hostile(sandbox, tight, sentinel_dir, fault):
     """Runs one hostile cell and checks containment from the host; returns the SandboxResult.
 
     stopped=True runs it under TIGHT limits, for cells that can only end by being stopped.
@@ -134,9 +135,12 @@ def hostile(sandbox, tight, sentinel_dir):
         box = tight if stopped else sandbox
         result = box.run(textwrap.dedent(code).replace("SENTINEL", str(sentinel_dir)))
         seen = result.observation + result.stdout + result.stderr
+        leftovers, after = _leftovers(), _host_state(sentinel_dir)
+        fault.check("host checks held", 3, (CANARY_VALUE not in seen and CANARY_NAME not in seen)
+                    + (leftovers == []) + (after == before))
         assert CANARY_VALUE not in seen and CANARY_NAME not in seen
-        assert _leftovers() == []
-        assert _host_state(sentinel_dir) == before
+        assert leftovers == []
+        assert after == before
         assert result.observation.strip()
         return result
 
@@ -561,7 +565,7 @@ def test_creating_files_is_capped_by_inodes(hostile):
         assert errno == 28 and 0 < n <= ROOMY.max_files  # ENOSPC at the cap
 
 
-def test_a_fork_bomb_does_not_starve_a_concurrent_cell(sandbox, sentinel_dir):
+def test_a_fork_bomb_does_not_starve_a_concurrent_cell(sandbox, sentinel_dir, fault):
     """The process limit is per call (a uid of its own), not per shared uid: while one cell holds
     every process its limit allows, a neighbour still starts a thread and a subprocess."""
     import threading
@@ -608,7 +612,7 @@ def test_a_fork_bomb_does_not_starve_a_concurrent_cell(sandbox, sentinel_dir):
     assert _leftovers() == []
 
 
-def test_locks_on_host_files_are_impossible(sandbox):
+def test_locks_on_host_files_are_impossible(sandbox, fault):
     """The host files a cell can read are overlays: a lock it takes is on the overlay's inode, so a
     host process locking the same file is never blocked (a cell used to hold flocks and sqlite read
     locks that blocked the host)."""
@@ -653,7 +657,7 @@ def test_locks_on_host_files_are_impossible(sandbox):
     assert out["cell"].observation == f"locked {len(targets)}"
 
 
-def test_printed_chat_markers_reach_the_policy_as_text(sandbox, tiny_tokenizer):
+def test_printed_chat_markers_reach_the_policy_as_text(sandbox, tiny_tokenizer, fault):
     """A cell that prints the chat template's control tokens must not forge a turn boundary: on the
     project's tokenizer, the observation's only control ids are those of the tool-result frame."""
     from trace_core.rollout.agent import observation_text, observation_tokens
@@ -670,7 +674,7 @@ def test_printed_chat_markers_reach_the_policy_as_text(sandbox, tiny_tokenizer):
         observation_text("x = 3"), add_special_tokens=False)  # plain text: the ids as they always were
 
 
-def test_a_venv_reached_through_a_symlink_starts(tmp_path):
+def test_a_venv_reached_through_a_symlink_starts(tmp_path, fault):
     link = tmp_path / "linked-venv"
     link.symlink_to(os.path.realpath(sys.prefix), target_is_directory=True)
     python = link / "bin" / Path(sys.executable).name
@@ -787,7 +791,7 @@ def test_one_sandbox_serves_concurrent_calls(sandbox):
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv")
-def test_the_sandbox_starts_without_cap_mknod():
+def test_the_sandbox_starts_without_cap_mknod(fault):
     """A pod that grants only SYS_ADMIN, SETUID, SETGID and CHOWN cannot make device nodes: the
     cell's /dev then binds the host's few character devices, and the sandbox still starts."""
     import subprocess

@@ -34,6 +34,7 @@ FACTOR, SLACK = 2.0, 0.5
 TEARDOWN_S = 1.0  # kill + namespace teardown + a loaded machine, on top of the limit itself
 VOID = "the sandbox's report channel held a forged or malformed report"
 
+FAULT_AREA = "sandbox (forged reports)"  # the fault summary's area of the tests with `fault`
 pytestmark = [pytest.mark.faults, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="the sandbox needs root and util-linux unshare",
@@ -54,11 +55,13 @@ def cpu_bound() -> PythonSandbox:
 
 
 @pytest.fixture(autouse=True)
-def no_leftovers():
+def no_leftovers(fault):
+    """Every test here forges reports or snapshots: each is a fault injection, and leaves no process."""
     yield
     left = [p.info["pid"] for p in psutil.process_iter(["pid", "uids"])
             if p.info["uids"] and any(TEST_UID <= u < TEST_UID + UIDS
                                       for u in (p.info["uids"].real, p.info["uids"].effective))]
+    fault.check("calls without leftover processes", 1, int(left == []))
     assert left == []
 
 

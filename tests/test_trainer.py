@@ -20,6 +20,7 @@ from trace_core.config import load_config
 from trace_core.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
+FAULT_AREA = "trainer resume"  # the fault summary's area of the tests with `fault` (a kill, then a resume)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -73,7 +74,7 @@ def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, t
     assert recount == pytest.approx(run.data.metrics["contrastive_yield"])
 
 
-def test_killed_run_resumes_the_same_mlflow_run(tiny_models, server, tmp_path) -> None:
+def test_killed_run_resumes_the_same_mlflow_run(tiny_models, server, tmp_path, fault) -> None:
     from mlflow.tracking import MlflowClient
 
     out = tmp_path / "resume"
@@ -105,6 +106,7 @@ def test_killed_run_resumes_the_same_mlflow_run(tiny_models, server, tmp_path) -
     assert len(run_ids) == 1, "the resumed run must continue the same MLflow run"
     (run_id,) = run_ids
     steps = sorted(m.step for m in client.get_metric_history(run_id, "effective_ratio"))
+    fault.records([0, 1, 2, 3, 4, 5], steps)
     assert steps == [0, 1, 2, 3, 4, 5], f"steps logged: {steps} (killed after step {killed_at})"
     assert client.get_run(run_id).info.status == "FINISHED"
 
@@ -126,7 +128,7 @@ def _spy_on_history(trainer, seen: list) -> None:
 
 
 def test_prompt_history_feeds_the_root_rule_and_survives_a_resume(vllm_engine, tiny_models, server,
-                                                                   tmp_path) -> None:
+                                                                   tmp_path, fault) -> None:
     """trace-posterior (a root rule that reads history and also expands): each step's view holds the bare root
     outcomes of the earlier steps, as the logged trees show them, with the predictions the
     allocator used; a resumed trainer continues with the same history. The same run checks the
@@ -148,6 +150,7 @@ def test_prompt_history_feeds_the_root_rule_and_survives_a_resume(vllm_engine, t
         saved = first.prompt_history
         resumed = Trainer(load_config(TrainConfig, None, [*overrides, "steps=3"]), engine=vllm_engine)
         assert resumed.state.step == 2
+        fault.check("prompt-history records", 1, int(resumed.prompt_history == saved))
         assert resumed.prompt_history == saved and len(saved) > 0  # read back from the checkpoint
         _spy_on_history(resumed, seen)
         resumed.run()

@@ -15,7 +15,8 @@ from trace_core.config import load_config
 from trace_core.training.config import TrainConfig
 from trace_core.training.trainer import Trainer
 
-pytestmark = pytest.mark.faults  # counted in the fault-injection summary (training loop)
+pytestmark = pytest.mark.faults  # selected by `make faults`; the tests with `fault` are its injections
+FAULT_AREA = "training loop"
 
 BOUNDARIES = ("trees_saved", "checkpointed", "logged")
 
@@ -54,7 +55,7 @@ def _the_run(client, out: Path):
 
 @pytest.mark.parametrize(("boundary", "step"), [(b, 1) for b in BOUNDARIES] + [("checkpointed", 0)])
 def test_a_stop_at_every_phase_boundary_loses_and_doubles_nothing(boundary, step, hf_engine, tiny_models, server,
-                                                                   tmp_path) -> None:
+                                                                   tmp_path, fault) -> None:
     from mlflow.tracking import MlflowClient
 
     out = tmp_path / f"{boundary}-{step}"
@@ -69,8 +70,10 @@ def test_a_stop_at_every_phase_boundary_loses_and_doubles_nothing(boundary, step
     run_id = summary["run_id"]
     assert [r.info.run_id for r in _the_run(client, out)] == [run_id], "the resume continues the same run"
     steps = sorted(m.step for m in client.get_metric_history(run_id, "effective_ratio"))
+    fault.records([0, 1], steps)
     assert steps == [0, 1], f"stopped at {boundary} of step {step}: steps logged {steps}"
     trees = {a.path for a in client.list_artifacts(run_id, "trees")}
+    fault.artifacts(2, len(trees & {"trees/step00000.jsonl.gz", "trees/step00001.jsonl.gz"}))
     assert trees == {"trees/step00000.jsonl.gz", "trees/step00001.jsonl.gz"}, trees
     allocations = {a.path for a in client.list_artifacts(run_id, "allocations")}
     assert len(allocations) == 2
@@ -78,7 +81,7 @@ def test_a_stop_at_every_phase_boundary_loses_and_doubles_nothing(boundary, step
 
 
 def test_an_engine_crash_mid_step_stops_with_a_clear_error_and_resumes(hf_engine, tiny_models, server,
-                                                                       tmp_path) -> None:
+                                                                       tmp_path, fault) -> None:
     from mlflow.tracking import MlflowClient
 
     from trace_core.rollout.guard import EngineFault
@@ -109,5 +112,6 @@ def test_an_engine_crash_mid_step_stops_with_a_clear_error_and_resumes(hf_engine
         hf_engine.load_weights(str(tiny_models[0]))
     assert summary["run_id"] == failed.info.run_id
     steps = sorted(m.step for m in client.get_metric_history(summary["run_id"], "effective_ratio"))
+    fault.records([0, 1, 2], steps)
     assert steps == [0, 1, 2]
     assert client.get_run(summary["run_id"]).info.status == "FINISHED"
