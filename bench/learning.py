@@ -119,9 +119,12 @@ def per_prompt_successes(path: Path, k: int) -> dict[str, int]:
     return {pid: int(round(float(v) * k)) for pid, v in data["per_prompt"].items()}
 
 
-def measure_start(args: argparse.Namespace, engine: SharedEngine, identity: dict, commit: str | None) -> dict:
-    """The shared step-0 pool success of the testbed policy, measured once through the trainer's
-    own measurement (same request seeds as every run's)."""
+def measure_start(args: argparse.Namespace, engine: SharedEngine, identity: dict, commit: str | None,
+                  start: dict | None = None) -> dict:
+    """The shared starting point of every run, measured once on the testbed policy: its pool
+    success at step 0 through the trainer's own measurement (same request seeds as every run's)
+    and its held-out pass@1 (the same request seed as every final policy's). ``start``: an
+    earlier start record without the held-out figure, completed here."""
     from trace_core.config import load_config
     from trace_core.tracking import tracked_run
     from trace_core.training.config import TrainConfig
@@ -131,12 +134,16 @@ def measure_start(args: argparse.Namespace, engine: SharedEngine, identity: dict
     cfg = load_config(TrainConfig, args.config, overrides(args, "grpo", 0, out, []))
     trainer = Trainer(cfg, engine=engine.get())
     with tracked_run(trainer.tracker):  # its own MLflow run, FINISHED when measured
-        record = trainer.measure_pool_success(0)
-        trainer.tracker.log_metrics({"pool/success": record["success"]}, 0)
+        if start is None:
+            record = trainer.measure_pool_success(0)
+            trainer.tracker.log_metrics({"pool/success": record["success"]}, 0)
+        heldout = measure_heldout(trainer, heldout_tasks(args), args.heldout_k)
+    if start is not None:  # completed later, perhaps by other code: the figure names its own commit
+        return {**start, "heldout": {**heldout, "commit": commit, "dirty": tree_is_dirty()}}
     measure = {"step": 0, "samples": args.pool_k,
                "successes": per_prompt_successes(out / "pool_success" / "step00000.json", args.pool_k)}
     return {"format": START_FORMAT, "commit": commit, "dirty": tree_is_dirty(), "testbed": identity,
-            "pool_k": args.pool_k, "measure": measure}
+            "pool_k": args.pool_k, "measure": measure, "heldout": heldout}
 
 
 def heldout_tasks(args: argparse.Namespace):
@@ -224,6 +231,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         if start["testbed"] != identity or start["pool_k"] != args.pool_k:
             raise SystemExit(f"{start_file} was measured on testbed {start['testbed']} at k = {start['pool_k']}, "
                              f"not on {identity} at k = {args.pool_k}: use another --records folder")
+        if "heldout" not in start:  # a start recorded before the starting policy's held-out pass@1 was
+            write_json(start_file, measure_start(args, engine, identity, commit, start))
     else:
         t0 = time.perf_counter()
         write_json(start_file, measure_start(args, engine, identity, commit))

@@ -144,12 +144,17 @@ def signal_row(variant: str, runs: Mapping[int, Mapping[str, Any]]) -> dict[str,
     }
 
 
-def heldout_row(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """Held-out pass@1 of the final policies: pooled over questions, samples and seeds."""
+def heldout_row(runs: Mapping[int, Mapping[str, Any]], start: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Held-out pass@1 of the final policies: pooled over questions, samples and seeds; beside it
+    the starting policy's, where the start record holds one."""
     seeds = sorted(runs)
     succ = [float(sum(runs[s]["heldout"]["successes"].values())) for s in seeds]
     n = [float(len(runs[s]["heldout"]["successes"]) * runs[s]["heldout"]["samples"]) for s in seeds]
-    return {**pooled(succ, n), "per_seed": [a / b for a, b in zip(succ, n, strict=True)]}
+    row = {**pooled(succ, n), "per_seed": [a / b for a, b in zip(succ, n, strict=True)]}
+    if start is not None and "heldout" in start:
+        held = start["heldout"]
+        row["start"] = sum(held["successes"].values()) / (len(held["successes"]) * held["samples"])
+    return row
 
 
 def pool_row(runs: Mapping[int, Mapping[str, Any]], start: Mapping[str, Any], at_rollouts: float,
@@ -274,7 +279,7 @@ def build_table(runs: Sequence[Mapping[str, Any]], start: Mapping[str, Any], tru
         "equal_rollouts": equal, "area_upto_rollouts": upto, "grpo_gain": gain,
         "signal": {m: signal_row(m, methods[m]) for m in order},
         "pool": {m: pool_row(methods[m], start, equal, gain["end"], upto) for m in order},
-        "heldout": {m: heldout_row(methods[m]) for m in order},
+        "heldout": {m: heldout_row(methods[m], start) for m in order},
         "differences": {f"{m}-grpo": difference(methods[m], grpo, start, equal) for m in order if m != "grpo"},
     }
     for m in ("dapo", "greso", "pcl", "vip", "trace-posterior-thompson"):
