@@ -184,15 +184,15 @@ def test_prompt_history_feeds_the_root_rule_and_survives_a_resume(vllm_engine, t
     assert max(len(history.events(pid)) for pid in alloc["pool"]) >= 2
 
 
-def test_dapo_spends_at_most_the_budget_and_counts_its_dropped_groups(vllm_engine, tiny_models, server,
-                                                                      tmp_path) -> None:
+def test_capped_dapo_spends_at_most_the_budget_and_counts_its_dropped_groups(vllm_engine, tiny_models, server,
+                                                                             tmp_path) -> None:
     from trace_core.metrics import effective_ratio
     from trace_core.rollout.env import FixedTurnsEnvironment
     from trace_core.training.trainer import Trainer
     from trace_core.tree import load_trees
 
-    out = tmp_path / "dapo"
-    cfg = load_config(TrainConfig, None, [*tiny_overrides(tiny_models[0], out, server.uri, "dapo", steps=2),
+    out = tmp_path / "dapo-capped"  # the budget-capped variant (published DAPO spends what its rounds sample)
+    cfg = load_config(TrainConfig, None, [*tiny_overrides(tiny_models[0], out, server.uri, "dapo-capped", steps=2),
                                           "budget.pool_factor=2"])
     try:
         trainer = Trainer(cfg, engine=vllm_engine)
