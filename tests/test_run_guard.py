@@ -474,7 +474,11 @@ def test_two_runs_creating_one_new_sqlite_store_at_once(tmp_path) -> None:
              for i in range(3)]
     time.sleep(3)  # every process has imported MLflow and waits for the start
     go.write_text("go")
-    outs = [p.communicate(timeout=300) for p in procs]
+    try:
+        outs = [p.communicate(timeout=900) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
     assert [p.returncode for p in procs] == [0, 0, 0], [o[1][-2000:] for o in outs]
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("new-store").experiment_id])
