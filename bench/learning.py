@@ -54,7 +54,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
 import numpy as np  # noqa: E402
-from learning_table import RECORD_FORMAT, START_FORMAT, build_table, curve  # noqa: E402
+from learning_table import RECORD_FORMAT, START_FORMAT, build_table, curve, in_se  # noqa: E402
 from train_compare import VARIANTS, SharedEngine, git_commit, tree_is_dirty  # noqa: E402
 
 STEPS = 100  # the run length, chosen on GRPO alone (module docstring)
@@ -324,7 +324,7 @@ def print_table(table: dict) -> None:
     show(rows, list(rows[0]))
     g = table["grpo_gain"]
     print(f"  grpo gain {g['start']:.4f} -> {g['end']:.4f} = {g['gain']:+.4f}, SE {g['se']:.4f} "
-          f"({g['gain'] / g['se']:.2f} SE)")
+          f"({in_se(g['gain'], g['se']):.2f} SE)")
     for name, verdict in table["targets"].items():
         print(f"  {name}: {verdict}")
 

@@ -198,7 +198,7 @@ def difference(a: Mapping[int, Mapping[str, Any]], b: Mapping[int, Mapping[str, 
     rows = [pool_row({s: runs[s] for s in seeds}, start, at_rollouts, None, at_rollouts) for runs in (a, b)]
     diff = rows[0]["at_equal_rollouts"] - rows[1]["at_equal_rollouts"]
     se = math.hypot(rows[0]["at_equal_rollouts_se"], rows[1]["at_equal_rollouts_se"])
-    return {"seeds": seeds, "difference": diff, "se": se, "z": diff / se if se > 0 else float("nan"),
+    return {"seeds": seeds, "difference": diff, "se": se, "z": in_se(diff, se),
             "area_difference": rows[0]["area"] - rows[1]["area"],
             "area_se": math.hypot(rows[0]["area_se"], rows[1]["area_se"])}
 
@@ -230,6 +230,13 @@ def truly_mixed_reading(runs: Mapping[int, Mapping[str, Any]], truth: Mapping[st
             "both_outcomes_given_truly_mixed": both / len(truly) if truly else float("nan")}
 
 
+def in_se(value: float, se: float) -> float:
+    """``value`` in standard errors (±inf for a zero error, NaN for 0/0)."""
+    if se > 0:
+        return value / se
+    return math.copysign(math.inf, value) if value else float("nan")
+
+
 def judge(table: Mapping[str, Any]) -> dict[str, str]:
     """The fixed targets, judged on unrounded values (docstring of bench/learning.py)."""
     pool, gain = table["pool"], table["grpo_gain"]
@@ -242,7 +249,7 @@ def judge(table: Mapping[str, Any]) -> dict[str, str]:
         out["grpo gain measurable (> 3 SE)"] = (f"MISS gain {gain['gain']:.4f}, SE {gain['se']:.4f}: the other "
                                                 "pool-success targets are not judged")
         return out
-    out["grpo gain measurable (> 3 SE)"] = f"PASS gain {gain['gain']:.4f} = {gain['gain'] / gain['se']:.2f} SE"
+    out["grpo gain measurable (> 3 SE)"] = f"PASS gain {gain['gain']:.4f} = {in_se(gain['gain'], gain['se']):.2f} SE"
     for warm in (False, True):
         key = "rollouts_to_grpo_final" + ("_with_warmup" if warm else "")
         reach = tr.get(key)
