@@ -340,7 +340,7 @@ def plot(runs: list[dict], start: dict, path: Path) -> None:
 
     methods = sorted({r["variant"] for r in runs}, key=lambda m: (m != "grpo", m))
     fig, axes = plt.subplots(2, 2, figsize=(13, 8), sharey=True)
-    colours = plt.get_cmap("tab20")
+    colours = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")  # tab20's pairs are too alike for few lines
     for i, m in enumerate(methods):
         mine = [r for r in runs if r["variant"] == m]
         for row, warm in enumerate((False, True)):
@@ -349,9 +349,9 @@ def plot(runs: list[dict], start: dict, path: Path) -> None:
                 x = np.mean([c[0] for c in curves], axis=0)
                 ys = np.array([c[1] for c in curves])
                 ax = axes[row, col]
-                ax.plot(x, ys.mean(axis=0), marker="o", ms=3, color=colours(i % 20), label=f"{m} ({len(mine)})")
+                ax.plot(x, ys.mean(axis=0), marker="o", ms=3, color=colours(i), label=f"{m} ({len(mine)})")
                 if len(mine) > 1:
-                    ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=colours(i % 20), alpha=0.15)
+                    ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=colours(i), alpha=0.15)
     for row, warm in enumerate(("warm-up not counted", "warm-up counted")):
         axes[row, 0].set(xlabel="cumulative training rollouts", ylabel="pool success", title=f"per rollout ({warm})")
         axes[row, 1].set(xlabel="cumulative generated tokens", title=f"per generated token ({warm})")
