@@ -237,36 +237,50 @@ def in_se(value: float, se: float) -> float:
     return math.copysign(math.inf, value) if value else float("nan")
 
 
+def reach_over_matched(trace: Mapping[int, Mapping[str, Any]], grpo: Mapping[int, Mapping[str, Any]],
+                       start: Mapping[str, Any]) -> dict[str, Any]:
+    """TRACE's rollouts to reach GRPO's final pool success as a share of GRPO's rollouts, both
+    over the seeds the two have: GRPO's final is the mean over those seeds."""
+    seeds = matched(trace, grpo)
+    final = float(np.mean([pool_success(grpo[s]["pool"][-1]) for s in seeds]))
+    rollouts = float(np.mean([sum(grpo[s]["steps"]["rollouts"]) for s in seeds]))
+    row = pool_row({s: trace[s] for s in seeds}, start, rollouts, final, rollouts)
+    return {"seeds": seeds, "grpo_final": final, "grpo_rollouts": rollouts,
+            **{f"share{suffix}": (None if row[f"rollouts_to_grpo_final{suffix}"] is None
+                                  else row[f"rollouts_to_grpo_final{suffix}"] / rollouts)
+               for suffix in ("", "_with_warmup")}}
+
+
 def judge(table: Mapping[str, Any]) -> dict[str, str]:
-    """The fixed targets, judged on unrounded values (docstring of bench/learning.py)."""
+    """The fixed targets, judged on unrounded values (docstring of bench/learning.py), each over
+    the seeds the compared methods both have."""
     pool, gain = table["pool"], table["grpo_gain"]
     out: dict[str, str] = {}
     if "trace" not in pool or "grpo" not in pool:
         return out
-    tr = pool["trace"]
-    grpo_rollouts = table["equal_rollouts"]
     if not gain["measurable"]:
         out["grpo gain measurable (> 3 SE)"] = (f"MISS gain {gain['gain']:.4f}, SE {gain['se']:.4f}: the other "
                                                 "pool-success targets are not judged")
         return out
-    out["grpo gain measurable (> 3 SE)"] = f"PASS gain {gain['gain']:.4f} = {in_se(gain['gain'], gain['se']):.2f} SE"
-    for warm in (False, True):
-        key = "rollouts_to_grpo_final" + ("_with_warmup" if warm else "")
-        reach = tr.get(key)
-        share = None if reach is None else reach / grpo_rollouts
-        counted = "warm-up counted" if warm else "warm-up not counted"
+    out["grpo gain measurable (> 3 SE)"] = (f"PASS gain {gain['gain']:.4f} = {in_se(gain['gain'], gain['se']):.2f} SE "
+                                            f"(seeds {gain['seeds']})")
+    reach = table["reach"]
+    for suffix, counted in (("", "warm-up not counted"), ("_with_warmup", "warm-up counted")):
+        share = reach[f"share{suffix}"]
         label = f"trace reaches grpo's final with <= 70% of its rollouts ({counted})"
         out[label] = ("PASS " if share is not None and share <= 0.7 else "MISS ") + (
-            "never reached" if share is None else f"{100 * share:.1f}% of grpo's rollouts")
+            "never reached" if share is None else f"{100 * share:.1f}% of grpo's rollouts") + (
+            f" (grpo's final {reach['grpo_final']:.4f} over seeds {reach['seeds']})")
     d = table["differences"].get("trace-grpo")
     if d is not None:
         out["trace final at equal rollouts > grpo by > 2 SE"] = (
             ("PASS " if d["z"] > 2 else "MISS ") + f"{d['difference']:+.4f} ({d['z']:.2f} SE, seeds {d['seeds']})")
-    peers = [m for m in PAPER_METHODS if m in pool]
-    best = max(peers, key=lambda m: pool[m]["area"])
-    out["trace area under the curve highest of " + "/".join(peers)] = (
-        ("PASS " if tr["area"] > pool[best]["area"] else "MISS ")
-        + ", ".join(f"{m} {pool[m]['area']:.4f}" for m in ("trace", *peers)))
+    peers = [m for m in PAPER_METHODS if f"{m}-grpo" in table["differences"] or m == "grpo"]
+    areas = {m: (table["differences"]["trace-grpo"] if m == "grpo" else table["differences"].get(f"trace-{m}"))
+             for m in peers}
+    ahead = all(a is not None and a["area_difference"] > 0 for a in areas.values())
+    out["trace area under the curve highest of " + "/".join(peers)] = ("PASS " if ahead else "MISS ") + ", ".join(
+        f"trace - {m} {a['area_difference']:+.4f} (seeds {a['seeds']})" for m, a in areas.items() if a is not None)
     return out
 
 
@@ -289,9 +303,11 @@ def build_table(runs: Sequence[Mapping[str, Any]], start: Mapping[str, Any], tru
         "heldout": {m: heldout_row(methods[m], start) for m in order},
         "differences": {f"{m}-grpo": difference(methods[m], grpo, start, equal) for m in order if m != "grpo"},
     }
-    for m in ("dapo", "greso", "pcl", "vip", "trace-posterior-thompson"):
+    for m in ("dapo", "greso", "pcl", "treepo", "vip", "trace-posterior-thompson"):
         if m in methods and "trace" in methods:
             table["differences"][f"trace-{m}"] = difference(methods["trace"], methods[m], start, equal)
+    if "trace" in methods:
+        table["reach"] = reach_over_matched(methods["trace"], grpo, start)
     if truth is not None:
         table["truly_mixed"] = {m: truly_mixed_reading(methods[m], truth, truth_samples) for m in order}
     table["targets"] = judge(table)
