@@ -29,9 +29,10 @@ success with ≤ 70% of GRPO's rollouts (warm-up counted and not counted); TRACE
 success at equal rollouts exceeds GRPO's by more than 2 standard errors; TRACE's area under the
 curve is the highest of the paper's methods (GRPO, PCL, TreePO).
 
-**Cost.** A 100-step run with 11 measurements at k = 8 takes of the order of 20–40 min on two
-cores; runs are independent, so they split over processes (each ``run --methods ... --seeds ...``
-in its own process, ``OMP_NUM_THREADS=1``), and every finished record is kept.
+**Cost.** A 100-step run with 11 measurements at k = 8 took 43–48 min on two cores with two or
+three runs side by side (measured: the GRPO pilots and the first runs); runs are independent, so
+they split over processes (each ``run --methods ... --seeds ...`` in its own process with its own
+``--work`` folder and ``OMP_NUM_THREADS=1``), and every finished record is kept.
 
 Examples:
 
