@@ -4,7 +4,9 @@ test checks what a command does, never how long a loaded machine takes to do it.
 
 Rows: median / max wall seconds over the repeats, with the load average at the start.
 
-    python bench/cli_timing.py [--repeats 5]
+Example:
+
+    python bench/cli_timing.py --repeats 5
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ def time_command(argv: list[str], repeats: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each command (the median and max are shown)")
     args = parser.parse_args()
     trace_rl = str(Path(sys.executable).with_name("trace-rl"))
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
