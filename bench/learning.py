@@ -238,6 +238,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         write_json(start_file, measure_start(args, engine, identity, commit))
         print(f"start: measured in {time.perf_counter() - t0:.0f} s -> {start_file}", flush=True)
+    start = json.loads(start_file.read_text())
     tasks = None
     try:
         for seed in args.seeds:
@@ -250,8 +251,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 tasks = tasks if tasks is not None else heldout_tasks(args)
                 record = run_one(variant, seed, args, engine, settings, commit, tasks)
                 write_json(path, record)
-                s = json.loads(start_file.read_text())
-                _, y = curve(record, s, "rollouts")
+                _, y = curve(record, start, "rollouts")
                 print(f"{variant} seed {seed}: pool success {y[0]:.3f} -> {y[-1]:.3f}, held-out "
                       f"{np.mean(list(record['heldout']['successes'].values())) / args.heldout_k:.3f} "
                       f"({record['wall_s']:.0f} s) -> {path}", flush=True)

@@ -268,13 +268,10 @@ def heldout_rows(test_rows: Sequence[dict[str, Any]], testbed: Testbed | dict[st
     neither the pool nor the warm-up split) that start from one of the testbed's topics and have
     at most ``max_hops`` hops — the questions on which a trained policy's pass@1 says whether what
     it learnt on the pool carries over to the same subjects."""
-    competence = testbed.competence if isinstance(testbed, Testbed) else testbed["competence"]
-    config = testbed.config if isinstance(testbed, Testbed) else TestbedConfig(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in testbed["config"].items()})
-    used = set(testbed.pool if isinstance(testbed, Testbed) else testbed["pool"]) | set(
-        testbed.warmup if isinstance(testbed, Testbed) else testbed["warmup"])
-    return [r for r in test_rows if r["metadata"]["path"][0]["entity_id"] in competence
-            and len(r["metadata"]["path"]) <= config.max_hops and r["id"] not in used]
+    bed = testbed.to_json() if isinstance(testbed, Testbed) else testbed  # one form: testbed.json's
+    used = set(bed["pool"]) | set(bed["warmup"])
+    return [r for r in test_rows if r["metadata"]["path"][0]["entity_id"] in bed["competence"]
+            and len(r["metadata"]["path"]) <= bed["config"]["max_hops"] and r["id"] not in used]
 
 
 def file_digest(paths: Sequence[Path]) -> str:
