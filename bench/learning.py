@@ -304,7 +304,7 @@ def cmd_table(args: argparse.Namespace) -> dict:
     if not args.no_plot:
         plot(runs, start, records / "learning.png")
     if args.mlflow:
-        log_to_mlflow(args.mlflow, out, records / "learning.png")
+        log_to_mlflow(args.mlflow, out, records / "learning.png", runs, start)
     print(f"wrote {out}" + ("" if args.no_plot else f" and {records / 'learning.png'}"))
     return table
 
@@ -362,19 +362,49 @@ def plot(runs: list[dict], start: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def log_to_mlflow(uri: str, table: Path, figure: Path) -> None:
+def log_to_mlflow(uri: str, table: Path, figure: Path, runs: list[dict], start: dict) -> str:
+    """Log the table to the MLflow tracking server at ``uri`` (experiment ``bench-learning``): one
+    parent run with each method's final pool success, area and effective ratio, the table and the
+    plot as artifacts; and one nested run per record whose ``pool/success`` metric is the
+    learning curve, its step the cumulative training rollouts (``pool/success_by_tokens``: the
+    same curve, its step the cumulative generated tokens), so the UI overlays the curves. The
+    parent run is tagged with the table's digest: logging the same table twice logs it once
+    (returns that run's id either way)."""
+    import hashlib
+
     import mlflow
+    from mlflow.tracking import MlflowClient
 
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("bench-learning")
+    experiment = mlflow.set_experiment("bench-learning")
+    digest = hashlib.sha256(table.read_bytes()).hexdigest()[:16]
+    client = MlflowClient(uri)
+    logged = client.search_runs([experiment.experiment_id],
+                                f"tags.table_digest = '{digest}' and attributes.status = 'FINISHED'")
+    if logged:
+        print(f"mlflow: this table is logged already (run {logged[0].info.run_id})")
+        return logged[0].info.run_id
     data = json.loads(table.read_text())
-    with mlflow.start_run(run_name="learning-table"):
+    with mlflow.start_run(run_name="learning-table", tags={"table_digest": digest}) as parent:
         for m, row in data["pool"].items():
             mlflow.log_metrics({f"{m}/pool_final": row["final"], f"{m}/auc": row["area"],
                                 f"{m}/effective_ratio": data["signal"][m]["effective_ratio"]["value"]})
         mlflow.log_artifact(str(table))
         if figure.is_file():
             mlflow.log_artifact(str(figure))
+        for r in runs:
+            with mlflow.start_run(run_name=f"{r['variant']}-seed{r['seed']}", nested=True):
+                mlflow.log_params({"method": r["variant"], "seed": r["seed"], "commit": r["commit"],
+                                   "dirty": r["dirty"]})
+                for axis, name in (("rollouts", "pool/success"), ("tokens", "pool/success_by_tokens")):
+                    x, y = curve(r, start, axis)
+                    for at, value in zip(x, y, strict=True):
+                        mlflow.log_metric(name, float(value), step=int(round(at)))
+                heldout = r["heldout"]
+                mlflow.log_metric("heldout/pass_at_1", float(np.mean(list(heldout["successes"].values())))
+                                  / heldout["samples"])
+    print(f"mlflow: logged the table and {len(runs)} curves to {uri} (run {parent.info.run_id})")
+    return parent.info.run_id
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -206,7 +206,8 @@ class MlflowServer:
              "--port", str(self.port), "--workers", "1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
-        deadline = time.monotonic() + 90
+        # A loaded machine (two cores shared with a training run) takes over a minute to start it.
+        deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
@@ -214,7 +215,8 @@ class MlflowServer:
                         return
             except OSError:
                 time.sleep(0.5)
-        raise RuntimeError("mlflow server did not start in 90 s")
+        self.stop()  # a fixture whose set-up fails is never torn down: leave no server behind
+        raise RuntimeError("mlflow server did not start in 240 s")
 
     def stop(self) -> None:
         if self.proc is not None:

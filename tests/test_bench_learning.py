@@ -18,6 +18,7 @@ BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
 import learning_table as lt  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
 
 from trace_core.metrics import wilson_interval  # noqa: E402
 
@@ -188,3 +189,40 @@ def test_the_committed_learning_table_is_recomputed_from_its_records(tmp_path) -
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     _same(json.loads((copy / "table.json").read_text()), json.loads((records / "table.json").read_text()))
+
+
+def test_the_learning_table_is_logged_to_mlflow_with_one_curve_per_record(tmp_path, server) -> None:
+    """``table --mlflow`` on the committed records, against a real MLflow server: a parent run
+    with the table and the plot, one nested run per record whose ``pool/success`` history is the
+    record's curve (step: cumulative training rollouts); logging the same table again logs nothing."""
+    records = ROOT / "bench" / "results" / "learning"
+    if not list((records / "runs").glob("*.json")):
+        pytest.skip("no learning records committed yet")  # cannot happen once the first record lands
+    copy = tmp_path / "learning"
+    (copy / "runs").mkdir(parents=True)
+    for p in (records / "runs").glob("*.json"):
+        (copy / "runs" / p.name).write_text(p.read_text())
+    (copy / "start.json").write_text((records / "start.json").read_text())
+    cmd = [sys.executable, str(BENCH / "learning.py"), "table", "--records", str(copy), "--mlflow", server.uri]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    client = MlflowClient(server.uri)
+    experiment = client.get_experiment_by_name("bench-learning")
+    logged = client.search_runs([experiment.experiment_id])
+    parent = next(r for r in logged if r.info.run_name == "learning-table")
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"table.json", "learning.png"}
+    table = json.loads((copy / "table.json").read_text())
+    for method, row in table["pool"].items():
+        assert parent.data.metrics[f"{method}/pool_final"] == pytest.approx(row["final"], rel=1e-12)
+    start = json.loads((copy / "start.json").read_text())
+    children = {r.info.run_name: r for r in logged if r.info.run_id != parent.info.run_id}
+    names = {p.stem for p in (copy / "runs").glob("*.json")}
+    assert set(children) == names
+    for name in names:
+        x, y = lt.curve(json.loads((copy / "runs" / f"{name}.json").read_text()), start, "rollouts")
+        history = sorted(client.get_metric_history(children[name].info.run_id, "pool/success"), key=lambda h: h.step)
+        assert [(h.step, h.value) for h in history] == [(int(round(a)), float(b)) for a, b in zip(x, y, strict=True)]
+        assert children[name].data.tags["mlflow.parentRunId"] == parent.info.run_id
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert again.returncode == 0 and "logged already" in again.stdout, again.stdout[-2000:]
+    assert len(client.search_runs([experiment.experiment_id])) == len(logged)
