@@ -9,12 +9,16 @@ import pytest
 
 from trace_core.advantages import tree_advantages
 from trace_core.metrics import (
+    WILSON_Z90,
+    ContrastCounts,
     allocation_stats,
     anchor_allocation,
+    contrast_counts,
     contrastive_yield,
     effective_ratio,
     predictor_spearman,
     prefix_effective_ratio,
+    rate_interval,
     reward_stats,
     root_and_prefix_pairs,
     spearman,
@@ -120,6 +124,51 @@ def test_contrastive_yield_bad_input() -> None:
         contrastive_yield([tree], [bad])
     with pytest.raises(ValueError, match="single RolloutTree"):
         contrastive_yield(tree, [adv])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- per token, per second
+def test_contrast_counts_per_token_and_per_second_pool_as_sums() -> None:
+    # run() writes 2 model tokens a turn; make_tree's trajectories have 2 turns: 4 tokens each
+    first = [make_tree("a", [1, 0, 1]), make_tree("b", [1, 1])]  # 5 rollouts, 20 tokens, 1 mixed group
+    second = [make_tree("c", [0, 1]), make_tree("d", [0, 1]), make_tree("e", [0, 1])]  # 6, 24, 3 mixed
+    c1 = contrast_counts(first, [tree_advantages(t) for t in first], rollout_s=4.0)
+    c2 = contrast_counts(second, [tree_advantages(t) for t in second], rollout_s=1.0)
+    assert (c1.generated_tokens, c1.contrastive, c1.rollout_s) == (20, 3, 4.0)  # a's 3 rollouts carry signal
+    assert (c2.generated_tokens, c2.contrastive) == (24, 6)
+    assert c1.mixed_per_1k_tokens == pytest.approx(1000 / 20) and c1.mixed_per_rollout_s == 0.25
+    assert c1.contrastive_per_1k_tokens == pytest.approx(3000 / 20)
+    pooled = c1 + c2
+    assert (pooled.mixed, pooled.generated_tokens, pooled.rollout_s, pooled.contrastive) == (4, 44, 5.0, 9)
+    # ratios of the sums, not the means of the ratios (150 and 250 per 1k tokens; 0.25 and 3 per s)
+    assert pooled.mixed_per_1k_tokens == pytest.approx(4000 / 44)
+    assert pooled.contrastive_per_1k_tokens == pytest.approx(9000 / 44)
+    assert pooled.mixed_per_rollout_s == pytest.approx(4 / 5)
+    # trees alone hold neither seconds nor advantages: a pool with an unmeasured part is unmeasured
+    bare = contrast_counts(second)
+    assert bare.rollout_s is None and bare.contrastive is None and bare.generated_tokens == 24
+    assert math.isnan((c1 + bare).mixed_per_rollout_s) and math.isnan((c1 + bare).contrastive_per_1k_tokens)
+    assert (c1 + bare).mixed_per_1k_tokens == pytest.approx(4000 / 44)
+    empty = ContrastCounts(0, 0, 0, 0, 0, 0, 0.0, 0)
+    assert all(math.isnan(x) for x in (empty.mixed_per_1k_tokens, empty.contrastive_per_1k_tokens,
+                                       empty.mixed_per_rollout_s))
+    with pytest.raises(ValueError, match="rollout_s"):
+        contrast_counts(first, rollout_s=float("nan"))
+
+
+def test_rate_interval_is_the_poisson_score_interval() -> None:
+    # 4 mixed groups in 2,000 tokens, per 1,000: (4 + z²/2 ∓ z·sqrt(4 + z²/4)) / 2 with z = 1.6449
+    lo, hi = rate_interval(4, 2000, per=1000)
+    assert lo == pytest.approx(0.8978918, abs=1e-6) and hi == pytest.approx(4.4548800, abs=1e-6)
+    for bound in (lo, hi):  # each bound solves the score equation (count − λE)² = z²·λE
+        mean = bound * 2000 / 1000
+        assert (4 - mean) ** 2 == pytest.approx(WILSON_Z90 ** 2 * mean)
+    # nothing seen: from 0 up to z² events over the exposure; nothing spent: no interval
+    assert rate_interval(0, 500.0) == (0.0, pytest.approx(WILSON_Z90 ** 2 / 500))
+    assert all(math.isnan(x) for x in rate_interval(3, 0.0))
+    # more exposure at the same rate narrows it
+    assert rate_interval(40, 20000, per=1000)[1] - rate_interval(40, 20000, per=1000)[0] < hi - lo
+    with pytest.raises(ValueError, match="non-negative integer"):
+        rate_interval(-1, 10.0)
 
 
 # ---------------------------------------------------------------------------- Spearman
@@ -275,6 +324,13 @@ def test_step_metrics_count_every_rollout_and_train_only_on_the_kept_trees() -> 
     assert m["mixed_groups_per_100_rollouts"] == pytest.approx(100 / 7)
     assert m["counts/dropped_groups"] == 1 and m["counts/dropped_rollouts"] == 2
     assert m["contrastive_yield"] == pytest.approx(100 * 3 / 7)  # c's rollouts carry no signal
+    # per token: 28 generated tokens (7 rollouts of 2 turns x 2 model tokens), every tree's
+    assert m["counts/contrastive_rollouts"] == 3
+    assert m["contrast/mixed_per_1k_tokens"] == pytest.approx(1000 * 1 / 28)  # mixed groups trained on
+    assert m["contrast/yield_per_1k_tokens"] == pytest.approx(1000 * 3 / 28)
+    assert "contrast/mixed_per_rollout_s" not in m  # no wall time given (a simulator has none)
+    timed = step_metrics(trees, kept, adv, alloc, rounds=2, rollout_s=4.0)
+    assert timed["contrast/mixed_per_rollout_s"] == 0.25
     assert m["alloc/skipped_share"] == 0.25 and m["alloc/rounds"] == 2
     assert m["reward/mean"] == pytest.approx(5 / 7)
     assert sum(m[f"alloc/k_position_bin{b}"] for b in range(5)) == 0

@@ -23,7 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 FAULT_AREA = "trainer resume"  # the fault summary's area of the tests with `fault` (a kill, then a resume)
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+# a method priced in generated tokens (method §10) is not planned by the trainer's executor yet: its
+# trajectory rules refuse
+@pytest.mark.parametrize("method", sorted(n for n, m in METHODS.items() if not m.prices_tokens))
 def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, tmp_path) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -52,7 +54,8 @@ def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, t
     run = MlflowClient(server.uri).get_run(summary["run_id"])
     assert run.data.tags["method"] == method and run.info.status == "FINISHED"
     for key in ("effective_ratio", "contrastive_yield", "predictor/loss", "cost/rollout_frac",
-                "budget/generated_tokens"):
+                "budget/generated_tokens", "budget/rollout_wall_s", "counts/contrastive_rollouts",
+                "contrast/mixed_per_1k_tokens", "contrast/yield_per_1k_tokens", "contrast/mixed_per_rollout_s"):
         assert key in run.data.metrics, key
     assert run.data.params["method"] == method
     assert (tmp_path / method / "checkpoints" / "latest").read_text() == "step_000001"
@@ -70,8 +73,22 @@ def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, t
     assert effective_ratio(trees) == pytest.approx(run.data.metrics["effective_ratio"])
     trained = [t for t in trees if t.root.info.get("group_filter") != "dropped"]  # a group filter's drops yield nothing
     adv = iter(METHODS[method].advantage_estimator(cfg.advantage)(trained))
-    recount = contrastive_yield(trees, [next(adv) if t in trained else np.zeros(len(t.nodes)) for t in trees])
+    all_adv = [next(adv) if t in trained else np.zeros(len(t.nodes)) for t in trees]
+    recount = contrastive_yield(trees, all_adv)
     assert recount == pytest.approx(run.data.metrics["contrastive_yield"])
+    # per token and per rollout second: the mixed groups trained on and the rollouts with a signal,
+    # over every token the trees hold and the rollout phase's wall time
+    from trace_core.metrics import contrast_counts
+
+    tokens = sum(t.num_generated_tokens() for t in trees)
+    assert tokens == final["budget/generated_tokens"] > 0
+    mixed, useful = contrast_counts(trained).mixed, contrast_counts(trees, all_adv).contrastive
+    logged = run.data.metrics
+    assert logged["counts/contrastive_rollouts"] == useful
+    assert logged["contrast/mixed_per_1k_tokens"] == pytest.approx(1000 * mixed / tokens)
+    assert logged["contrast/yield_per_1k_tokens"] == pytest.approx(1000 * useful / tokens)
+    assert logged["budget/rollout_wall_s"] > 0
+    assert logged["contrast/mixed_per_rollout_s"] == pytest.approx(mixed / logged["budget/rollout_wall_s"])
 
 
 def test_killed_run_resumes_the_same_mlflow_run(tiny_models, server, tmp_path, fault) -> None:

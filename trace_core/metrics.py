@@ -12,8 +12,9 @@ simulator (:mod:`trace_core.sim`) reports the same names through the same functi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -72,6 +73,12 @@ def contrastive_yield(trees: Sequence[RolloutTree], advantages: Sequence[ArrayLi
     against an effective ratio inflated by activating fewer prompts. NaN when no trajectory
     finished.
     """
+    useful, total = _contrastive_rollouts(trees, advantages)
+    return 100.0 * useful / total if total else float("nan")
+
+
+def _contrastive_rollouts(trees: Sequence[RolloutTree], advantages: Sequence[ArrayLike]) -> tuple[int, int]:
+    """(finished trajectories with a nonzero own-node advantage, finished trajectories)."""
     trees = _check_trees(trees)
     if len(advantages) != len(trees):
         raise ValueError(f"advantages must have one array per tree ({len(trees)}), got {len(advantages)}")
@@ -88,19 +95,45 @@ def contrastive_yield(trees: Sequence[RolloutTree], advantages: Sequence[ArrayLi
             if traj.finished:
                 total += 1
                 useful += bool(np.any(np.abs(adv[traj.nodes]) > ADVANTAGE_TOL))
-    return 100.0 * useful / total if total else float("nan")
+    return useful, total
 
 
 @dataclass(frozen=True)
 class ContrastCounts:
     """The counts behind a step's contrast ratios, so that ratios over several steps (or seeds) are
-    pooled as counts, and intervals drawn from them, instead of averaging ratios."""
+    pooled as counts (``a + b``: the field-wise sum), and intervals drawn from them, instead of
+    averaging ratios.
+
+    Beside the rollouts, two costs a user pays: the **generated tokens** (model-written tokens of
+    the trees, each node once: with prefix caching, what generation time follows) and the
+    **rollout seconds** (wall time of the rollout phase that grew the trees — the executor's whole
+    run: generation, tool steps and prefix scoring, not engine time alone, since a method that
+    spends more on scoring prefixes pays for it). ``contrastive`` counts method §7's contrastive
+    yield without its per-100 scaling: finished trajectories with a nonzero advantage on a node
+    of their own. The seconds and that count are None where they were not measured (trees alone
+    give neither); a pool with one None part is None, and its ratios are NaN."""
 
     activated: int  # prompts with at least one finished trajectory
     mixed: int  # of those, prompts whose tree holds both a success and a failure (a mixed group)
     expanded_anchors: int  # anchors that received continuations
     mixed_anchors: int  # of those, anchors whose branch group holds both outcomes
     trajectories: int  # finished trajectories (bare rollouts and continuations): the rollouts spent
+    generated_tokens: int = 0  # model-written tokens of the trees (each node once)
+    rollout_s: float | None = None  # wall time of the rollout phase that grew the trees
+    contrastive: int | None = None  # finished trajectories with |A| > 1e-9 on an own node
+
+    def __add__(self, other: ContrastCounts) -> ContrastCounts:
+        if not isinstance(other, ContrastCounts):
+            return NotImplemented
+
+        def either(a, b):
+            return None if a is None or b is None else a + b
+
+        return ContrastCounts(
+            self.activated + other.activated, self.mixed + other.mixed,
+            self.expanded_anchors + other.expanded_anchors, self.mixed_anchors + other.mixed_anchors,
+            self.trajectories + other.trajectories, self.generated_tokens + other.generated_tokens,
+            either(self.rollout_s, other.rollout_s), either(self.contrastive, other.contrastive))
 
     @property
     def mixed_per_100_rollouts(self) -> float:
@@ -112,14 +145,35 @@ class ContrastCounts:
         """Rollouts spent per mixed group: the price of one informative group (NaN with none)."""
         return self.trajectories / self.mixed if self.mixed else float("nan")
 
+    @property
+    def mixed_per_1k_tokens(self) -> float:
+        """Mixed groups per 1,000 generated tokens (NaN with no token)."""
+        return per_exposure(self.mixed, self.generated_tokens, 1000.0)
 
-def contrast_counts(trees: Sequence[RolloutTree]) -> ContrastCounts:
+    @property
+    def contrastive_per_1k_tokens(self) -> float:
+        """Contrastive yield per 1,000 generated tokens: trajectories with a nonzero own-node
+        advantage per 1,000 tokens (NaN with no token or no advantages)."""
+        return float("nan") if self.contrastive is None else per_exposure(self.contrastive, self.generated_tokens,
+                                                                         1000.0)
+
+    @property
+    def mixed_per_rollout_s(self) -> float:
+        """Mixed groups per second of rollout wall time (NaN unmeasured or zero)."""
+        return float("nan") if self.rollout_s is None else per_exposure(self.mixed, self.rollout_s)
+
+
+def contrast_counts(trees: Sequence[RolloutTree], advantages: Sequence[ArrayLike] | None = None,
+                    rollout_s: float | None = None) -> ContrastCounts:
     """:class:`ContrastCounts` of one step's trees (the numerators and denominators of
-    :func:`effective_ratio` and :func:`prefix_effective_ratio`)."""
-    activated = mixed = anchors = mixed_anchors = trajectories = 0
+    :func:`effective_ratio` and :func:`prefix_effective_ratio`, and the trees' generated tokens).
+    ``advantages`` (one per-node array per tree, as :func:`contrastive_yield` takes) gives the
+    contrastive count; ``rollout_s`` is the rollout phase's wall time, which trees do not hold."""
+    activated = mixed = anchors = mixed_anchors = trajectories = tokens = 0
     for tree in _check_trees(trees):
         o = tree.outcomes()
         trajectories += int(o.size)
+        tokens += tree.num_generated_tokens()
         if o.size:
             activated += 1
             mixed += _both_outcomes(o)
@@ -127,7 +181,16 @@ def contrast_counts(trees: Sequence[RolloutTree]) -> ContrastCounts:
             group = [tree.trajectories[j] for j in tree.branch_group(anchor)]
             anchors += 1
             mixed_anchors += _both_outcomes(np.array([tree.trajectory_reward(t.id) for t in group if t.finished]))
-    return ContrastCounts(activated, mixed, anchors, mixed_anchors, trajectories)
+    contrastive = None if advantages is None else _contrastive_rollouts(trees, advantages)[0]
+    if rollout_s is not None and not (math.isfinite(rollout_s) and rollout_s >= 0):
+        raise ValueError(f"rollout_s must be a finite number of seconds >= 0, got {rollout_s}")
+    return ContrastCounts(activated, mixed, anchors, mixed_anchors, trajectories, tokens,
+                          None if rollout_s is None else float(rollout_s), contrastive)
+
+
+def per_exposure(count: float, exposure: float, per: float = 1.0) -> float:
+    """``per * count / exposure``: a count per unit of what it cost (NaN when nothing was spent)."""
+    return per * count / exposure if exposure > 0 else float("nan")
 
 
 WILSON_Z90 = 1.6448536269514722  # two-sided 90%: the standard normal's 95th percentile
@@ -146,6 +209,27 @@ def wilson_interval(successes: int, n: int, z: float = WILSON_Z90) -> tuple[floa
     centre = (p + z * z / (2 * n)) / denom
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def rate_interval(count: int, exposure: float, per: float = 1.0, z: float = WILSON_Z90) -> tuple[float, float]:
+    """Score interval (90% by default) for a rate ``per * count / exposure`` — mixed groups per
+    1,000 generated tokens, say — treating ``count`` as Poisson given the exposure spent: the
+    λ·E with (count − λ·E)² = z²·λ·E, i.e. ``count + z²/2 ± z·sqrt(count + z²/4)``, divided by
+    the exposure. It is Wilson's interval with the Poisson variance in place of the binomial
+    one: it stays above 0 and is sensible at count 0. The exposure (tokens, seconds) is taken as
+    measured, not drawn. Mixed groups are a sum of independent per-prompt outcomes, whose
+    variance is at most the Poisson one, so the interval is if anything wide; a count whose units
+    move together — the trajectories of one mixed group carry a nonzero advantage together — is
+    more dispersed than Poisson, and this interval would be too narrow for it. (NaN, NaN) when
+    nothing was spent."""
+    if count < 0 or int(count) != count:
+        raise ValueError(f"count must be a non-negative integer, got {count}")
+    if not exposure > 0:
+        return float("nan"), float("nan")
+    half = z * math.sqrt(count + z * z / 4)
+    centre = count + z * z / 2
+    low = 0.0 if count == 0 else max(0.0, centre - half)  # exactly 0 at count 0, free of rounding
+    return float(per * low / exposure), float(per * (centre + half) / exposure)
 
 
 # ---------------------------------------------------------------------------- predictor
@@ -385,18 +469,24 @@ def step_metrics(
     trained_advantages: Sequence[ArrayLike],
     allocation: AllocationStats,
     rounds: int = 1,
+    rollout_s: float | None = None,
 ) -> dict[str, float]:
     """method §7's figures of one step, by the names the trainer logs and the simulator reports.
 
     ``trees``: every tree the step sampled; ``kept``: per tree, whether the policy trains on it
     (False: dropped by a round rule's group filter); ``trained_advantages``: the estimator's
     output on the kept trees, in order; ``allocation``: the step's :class:`AllocationStats`;
-    ``rounds``: sampling rounds of the bare rollouts.
+    ``rounds``: sampling rounds of the bare rollouts; ``rollout_s``: the rollout phase's wall time
+    (see :class:`ContrastCounts`), which adds ``contrast/mixed_per_rollout_s`` (a simulator has
+    none and omits it).
 
     The figures count **every rollout spent**: a dropped group counts in the effective ratio and
     the rollouts (it was paid for), and the price of a mixed group divides every rollout spent
     by the mixed groups the policy trains on. A dropped tree yields no learning signal, so its
-    advantages are 0 in the contrastive yield."""
+    advantages are 0 in the contrastive yield. The same holds per generated token and per
+    rollout second: ``contrast/mixed_per_1k_tokens`` is the mixed groups trained on per 1,000
+    tokens of every tree, ``contrast/yield_per_1k_tokens`` the trajectories with a nonzero
+    own-node advantage (``counts/contrastive_rollouts``) per 1,000 of them."""
     trees = _check_trees(trees)
     kept = [bool(k) for k in kept]
     if len(kept) != len(trees):
@@ -406,16 +496,21 @@ def step_metrics(
     if next(adv, None) is not None:
         raise ValueError(f"trained_advantages must have one array per kept tree ({sum(kept)}), got more")
     rs_all, rs_bare = reward_stats(trees, "all"), reward_stats(trees, "bare")
-    counts = contrast_counts(trees)
+    counts = contrast_counts(trees, all_adv, rollout_s)
     trained = contrast_counts([t for t, k in zip(trees, kept, strict=True) if k])
+    # every rollout, token and second spent, over the mixed groups the policy trains on
+    paid = replace(counts, mixed=trained.mixed)
     dropped = [t for t, k in zip(trees, kept, strict=True) if not k]
     spent = counts.trajectories
     metrics = {
         "effective_ratio": effective_ratio(trees),
         "prefix_effective_ratio": prefix_effective_ratio(trees),
-        "contrastive_yield": contrastive_yield(trees, all_adv),
-        "mixed_groups_per_100_rollouts": 100.0 * trained.mixed / spent if spent else float("nan"),
-        "rollouts_per_mixed_group": spent / trained.mixed if trained.mixed else float("nan"),
+        "contrastive_yield": 100.0 * counts.contrastive / spent if spent else float("nan"),
+        "mixed_groups_per_100_rollouts": paid.mixed_per_100_rollouts,
+        "rollouts_per_mixed_group": paid.rollouts_per_mixed_group,
+        "contrast/mixed_per_1k_tokens": paid.mixed_per_1k_tokens,
+        "contrast/yield_per_1k_tokens": counts.contrastive_per_1k_tokens,
+        "counts/contrastive_rollouts": float(counts.contrastive),
         "counts/activated": float(counts.activated),
         "counts/mixed_groups": float(counts.mixed),
         "counts/mixed_groups_trained": float(trained.mixed),
@@ -434,6 +529,8 @@ def step_metrics(
         "reward/turns": rs_all.mean_turns,
         "reward/tool_error_rate": rs_all.tool_error_rate,
     }
+    if rollout_s is not None:
+        metrics["contrast/mixed_per_rollout_s"] = paid.mixed_per_rollout_s
     for b, k in enumerate(allocation.k_by_position):
         metrics[f"alloc/k_position_bin{b}"] = float(k)
     return metrics

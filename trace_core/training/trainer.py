@@ -448,12 +448,18 @@ class Trainer:
     def _step_metrics(self, trees: list[RolloutTree], kept: list[bool], advantages: Sequence[np.ndarray],
                       alloc: AllocationStats, result: RolloutResult) -> dict[str, float]:
         """method §7's figures of one step (:func:`~trace_core.metrics.step_metrics`: over every
-        rollout spent, ``advantages`` the kept trees'), the executor's budget, and the history's size."""
-        metrics = step_metrics(trees, kept, advantages, alloc, result.rounds)
+        rollout spent, ``advantages`` the kept trees'), the executor's budget, and the history's size.
+
+        The per-second figure divides by the rollout phase's wall time: the executor's whole run
+        (``RolloutStats.wall_s``, every round of a round rule: generation, tool steps and prefix
+        scoring), not the engine's share of it (``rollout_s``), so that a method's own overhead
+        counts against it; ``budget/rollout_wall_s`` logs it, to be pooled over steps."""
+        metrics = step_metrics(trees, kept, advantages, alloc, result.rounds, rollout_s=result.stats.wall_s)
         metrics.update({
             "budget/trajectories": float(result.stats.trajectories),
             "budget/generated_tokens": float(result.stats.generated_tokens),
             "budget/cached_prompt_tokens": float(result.stats.cached_prompt_tokens),
+            "budget/rollout_wall_s": float(result.stats.wall_s),
             "history/prompts": float(len(self.prompt_history)),  # prompts with a record when this step allocated
         })
         return metrics
