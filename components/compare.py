@@ -24,9 +24,11 @@ def compare(
     Returns JSON: ``table`` (markdown), ``compare_run``, ``training_runs`` (method -> MLflow run
     id) and ``plots`` (the files).
 
-    Three parts: the learning signal per rollout (``trace_core.training.summary.training_table``:
-    ratios pooled over the steps with 90% Wilson intervals, pool success, held-out evaluation,
-    rollouts with and without the predictor's warm-up), the cost view, and the evaluation view
+    Three parts: the learning signal per rollout, per generated token and per rollout second
+    (``trace_core.training.summary.training_table``: ratios pooled over the steps with 90% Wilson
+    intervals, mixed groups per 1,000 generated tokens and per second of rollout wall time with
+    90% Poisson score intervals, pool success, held-out evaluation, rollouts with and without the
+    predictor's warm-up), the cost view, and the evaluation view
     (``trace_core.evaluation.comparison_table``, the paper's main-table layout)."""
     import json
 

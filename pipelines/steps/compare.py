@@ -85,7 +85,8 @@ def _compare(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], methods: 
     label = "pass@1" if metric == "pass_at_1" else metric
     runs = [run_figures(m, reports[m]["history"], reports[m]["pool_success"], reports[m]["warmup"],
                         reports[m]["pool_samples"]) for m in methods]
-    lines = ["### Learning signal per rollout (pooled over the training steps)", "",
+    lines = ["### Learning signal per rollout, per generated token and per rollout second (pooled over the "
+             "training steps)", "",
              training_table(runs, {m: reports[m]["score"] for m in methods}, f"held-out {label} (%)"), "",
              training_reading(runs), "",
              "### Cost", "", *cost_lines(reports, methods)]
@@ -106,6 +107,9 @@ def _compare(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], methods: 
         metrics[f"{m}/effective_ratio"] = r.effective_ratio
         metrics[f"{m}/contrastive_yield"] = r.contrastive_yield
         metrics[f"{m}/rollouts_per_mixed_group"] = r.rollouts_per_mixed_group
+        metrics[f"{m}/mixed_per_1k_tokens"] = r.mixed_per_1k_tokens
+        metrics[f"{m}/contrastive_per_1k_tokens"] = r.contrastive_per_1k_tokens
+        metrics[f"{m}/mixed_per_rollout_s"] = r.mixed_per_rollout_s
         metrics[f"{m}/pool_success_end"] = r.pool_success_end
         metrics[f"{m}/seconds_per_step"] = reports[m]["means"].get("cost/step_s", float("nan"))
     tracker.log_metrics(metrics, step=0)

@@ -3,6 +3,16 @@
 Ratios are pooled as counts (Σ mixed groups / Σ activated prompts), not averaged per step, and
 each comes with a 90% Wilson interval from those counts: on a small machine a run forms a few
 dozen groups, and the interval says how much a difference between two methods can mean.
+
+A user pays for generation time, which with prefix caching follows the generated tokens, so the
+mixed groups are also priced per 1,000 generated tokens and per second of rollout wall time (the
+rollout phase's: generation, tool steps and prefix scoring; ``budget/rollout_wall_s``), pooled
+the same way (Σ mixed groups trained on / Σ tokens), each with a 90% Poisson score interval
+(:func:`~trace_core.metrics.rate_interval`: the count Poisson given the tokens or seconds
+spent). The contrastive yield per 1,000 tokens (trajectories with a nonzero own-node advantage)
+has no interval: its trajectories carry a signal together, group by group, and an interval
+that counted them as independent would be too narrow. A history from before a count was logged
+shows "–" where the count is missing; the seconds are never reconstructed from other timings.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.metrics import wilson_interval
+from trace_core.metrics import per_exposure, rate_interval, wilson_interval
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,8 @@ class RunFigures:
     warmup_rollouts: int  # rollouts spent fitting the predictor before RL (0: none)
     pool_success: tuple[tuple[int, float], ...]  # (step, pool success) as measured
     pool_samples: int  # samples per prompt behind the pool success
+    contrastive_rollouts: int | None = None  # rollouts with a nonzero own-node advantage, over all steps
+    rollout_s: float | None = None  # rollout phase wall time, over all steps (None: not logged every step)
 
     @property
     def effective_ratio(self) -> float:
@@ -55,13 +67,43 @@ class RunFigures:
 
     @property
     def mixed_per_100_rollouts(self) -> float:
-        return 100.0 * self.mixed_groups / self.rollouts if self.rollouts else math.nan
+        """Mixed groups trained on per 100 rollouts spent (the step metric of that name, pooled): a
+        group filter's dropped mixed groups are paid for and give nothing, as in every figure per
+        unit of cost."""
+        return 100.0 * self.mixed_groups_trained / self.rollouts if self.rollouts else math.nan
 
     @property
     def rollouts_per_mixed_group(self) -> float:
         """Every rollout spent per mixed group trained on: what filling a batch with informative
         groups cost (dropped groups' rollouts included)."""
         return self.rollouts / self.mixed_groups_trained if self.mixed_groups_trained else math.nan
+
+    @property
+    def mixed_per_1k_tokens(self) -> float:
+        """Mixed groups trained on per 1,000 tokens generated (dropped groups' tokens included)."""
+        return per_exposure(self.mixed_groups_trained, self.generated_tokens, 1000.0)
+
+    @property
+    def mixed_per_1k_tokens_interval(self) -> tuple[float, float]:
+        return rate_interval(self.mixed_groups_trained, self.generated_tokens, 1000.0)
+
+    @property
+    def contrastive_per_1k_tokens(self) -> float:
+        """Rollouts with a nonzero own-node advantage per 1,000 tokens generated."""
+        if self.contrastive_rollouts is None:
+            return math.nan
+        return per_exposure(self.contrastive_rollouts, self.generated_tokens, 1000.0)
+
+    @property
+    def mixed_per_rollout_s(self) -> float:
+        """Mixed groups trained on per second of rollout wall time (NaN where it was not logged)."""
+        return math.nan if self.rollout_s is None else per_exposure(self.mixed_groups_trained, self.rollout_s)
+
+    @property
+    def mixed_per_rollout_s_interval(self) -> tuple[float, float]:
+        if self.rollout_s is None:
+            return math.nan, math.nan
+        return rate_interval(self.mixed_groups_trained, self.rollout_s)
 
     @property
     def opened_per_step(self) -> float:
@@ -94,8 +136,20 @@ def run_figures(method: str, history: Mapping[str, Sequence[float]], pool_succes
     def total(key: str) -> int:
         return int(round(sum(history.get(key, []))))
 
+    steps = len(history.get("effective_ratio", []))
+    if "counts/contrastive_rollouts" in history:
+        contrastive: int | None = total("counts/contrastive_rollouts")
+    elif "contrastive_yield" in history and "counts/rollouts" in history:  # the per-100 figure times its rollouts
+        contrastive = int(round(sum(y / 100 * n for y, n in zip(history["contrastive_yield"],
+                                                                history["counts/rollouts"], strict=True)
+                                    if math.isfinite(y))))
+    else:
+        contrastive = None
+    wall = history.get("budget/rollout_wall_s", [])
+    rollout_s = float(sum(wall)) if len(wall) == steps and steps else None
+
     return RunFigures(
-        method=method, steps=len(history.get("effective_ratio", [])),
+        method=method, steps=steps,
         activated=total("counts/activated"), mixed_groups=total("counts/mixed_groups"),
         mixed_groups_trained=total("counts/mixed_groups_trained" if "counts/mixed_groups_trained" in history
                                    else "counts/mixed_groups"),
@@ -106,7 +160,7 @@ def run_figures(method: str, history: Mapping[str, Sequence[float]], pool_succes
         reward=_mean(history.get("reward/mean", [])),
         warmup_rollouts=int((warmup or {}).get("rollouts", 0)),
         pool_success=tuple(sorted((int(r["step"]), float(r["success"])) for r in pool_success)),
-        pool_samples=pool_samples,
+        pool_samples=pool_samples, contrastive_rollouts=contrastive, rollout_s=rollout_s,
     )
 
 
@@ -120,13 +174,23 @@ def _num(value: float, digits: int = 1) -> str:
     return "–" if not math.isfinite(value) else f"{value:.{digits}f}"
 
 
+def _rate(value: float, interval: tuple[float, float], digits: int = 2) -> str:
+    """A rate with its interval, to ``digits`` places ("–" when it was not measured)."""
+    if not math.isfinite(value):
+        return "–"
+    return f"{value:.{digits}f} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+
+
 def training_table(runs: Sequence[RunFigures], held_out: Mapping[str, float] | None = None,
                    held_out_label: str = "held-out pass@1 (%)") -> str:
-    """The methods side by side (markdown): each ratio with its 90% Wilson interval, held-out
-    evaluation next to pool success, and what the rollouts cost."""
+    """The methods side by side (markdown): each ratio with its 90% Wilson interval, the mixed groups
+    per 1,000 generated tokens and per rollout second with their 90% Poisson score intervals
+    (module docstring), held-out evaluation next to pool success, and what the rollouts cost."""
     k = max((r.pool_samples for r in runs), default=0)
     head = ["method", "effective ratio [90% CI]", "mixed groups / 100 rollouts", "contrastive yield / 100",
-            "rollouts per mixed group", "prefix eff. ratio [90% CI]", "skipped share", "gen. tokens / step",
+            "rollouts per mixed group", "mixed groups / 1k tokens [90% CI]", "contrastive yield / 1k tokens",
+            "mixed groups / rollout s [90% CI]", "prefix eff. ratio [90% CI]", "skipped share",
+            "gen. tokens / step",
             f"pool success start → end (k={k})", held_out_label, "rollouts (+ warm-up)",
             "prompts opened / step", "rollouts / opened prompt"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
@@ -135,6 +199,8 @@ def training_table(runs: Sequence[RunFigures], held_out: Mapping[str, float] | N
         cells = [
             r.method, _ratio(r.effective_ratio, r.effective_ratio_interval), _num(r.mixed_per_100_rollouts),
             _num(r.contrastive_yield), _num(r.rollouts_per_mixed_group),
+            _rate(r.mixed_per_1k_tokens, r.mixed_per_1k_tokens_interval), _num(r.contrastive_per_1k_tokens, 2),
+            _rate(r.mixed_per_rollout_s, r.mixed_per_rollout_s_interval, 3),
             _ratio(r.prefix_effective_ratio, r.prefix_effective_ratio_interval), _num(r.skipped_share, 2),
             _num(r.generated_tokens / r.steps if r.steps else math.nan, 0),
             f"{_num(100 * r.pool_success_start)}% → {_num(100 * r.pool_success_end)}%",
@@ -149,15 +215,21 @@ def training_table(runs: Sequence[RunFigures], held_out: Mapping[str, float] | N
 def training_reading(runs: Sequence[RunFigures], reference: str = "grpo") -> str:
     """The table in words, one line per method against ``reference``: how many prompts it opened
     and how wide, what share showed both outcomes (the effective ratio is per opened prompt), and
-    what that came to per rollout — the trade-off the methods make differently."""
+    what that came to per rollout and per 1,000 generated tokens — the trade-off the methods make
+    differently (a method whose continuations generate only the rest of an episode pays fewer
+    tokens per rollout)."""
     base = next((r for r in runs if r.method == reference), None)
     lines = []
     for r in runs:
         line = (f"- {r.method}: opened {_num(r.opened_per_step)} prompts a step with "
                 f"{_num(r.rollouts_per_opened_prompt)} rollouts each; {_num(100 * r.effective_ratio, 0)}% of them "
-                f"showed both outcomes, {_num(r.mixed_per_100_rollouts)} mixed groups per 100 rollouts")
+                f"showed both outcomes, {_num(r.mixed_per_100_rollouts)} mixed groups per 100 rollouts and "
+                f"{_num(r.mixed_per_1k_tokens, 2)} per 1,000 generated tokens")
         if base is not None and r is not base and base.effective_ratio > 0 and base.mixed_per_100_rollouts > 0:
             line += (f" ({r.effective_ratio / base.effective_ratio:.2f}× {reference}'s effective ratio, "
-                     f"{r.mixed_per_100_rollouts / base.mixed_per_100_rollouts:.2f}× its mixed groups per rollout)")
+                     f"{r.mixed_per_100_rollouts / base.mixed_per_100_rollouts:.2f}× its mixed groups per rollout")
+            if base.mixed_per_1k_tokens > 0 and math.isfinite(r.mixed_per_1k_tokens):
+                line += f", {r.mixed_per_1k_tokens / base.mixed_per_1k_tokens:.2f}× per generated token"
+            line += ")"
         lines.append(line + ".")
     return "\n".join(lines)
