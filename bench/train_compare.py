@@ -16,6 +16,15 @@ ratio and its rollouts per mixed group (every rollout spent over the mixed group
 and pool success is plotted against the rollouts actually consumed (DAPO may stop a step short
 of M(1+N)).
 
+Beside the figures per rollout stand the same per 1,000 generated tokens (what generation time
+follows with prefix caching) and per second of rollout wall time (the rollout phase's:
+generation, tool steps and prefix scoring): mixed groups trained on, with 90% Poisson score
+intervals (``trace_core.metrics.rate_interval``), and the contrastive yield per 1,000 tokens
+(rollouts with a nonzero own-node advantage; no interval, they carry a signal together, group by
+group). All are pooled as sums over steps and seeds. The per-second figure needs each step's
+``budget/rollout_wall_s``, which runs record from this version on; a results file whose series
+lack it shows "–" there, nothing reconstructed from other timings.
+
 Each finished run writes ``<out-dir>/<variant>-seed<seed>/bench_record.json`` (what it measured,
 the git commit and the settings). A rerun reuses a record whose commit and settings match, so
 the benchmark resumes where it stopped and a new method is added without rerunning the others;
@@ -67,11 +76,15 @@ ABLATIONS = ("trace-root-only", "trace-prefix-only")
 ROW_KEYS = ("effective_ratio", "contrastive_yield", "mixed_groups_per_100_rollouts", "rollouts_per_mixed_group",
             "prefix_effective_ratio", "alloc/skipped_share", "budget/generated_tokens")
 COUNT_KEYS = ("counts/rollouts", "counts/mixed_groups", "counts/mixed_groups_trained", "counts/activated",
-              "counts/dropped_groups", "counts/dropped_rollouts")
+              "counts/dropped_groups", "counts/dropped_rollouts", "counts/contrastive_rollouts",
+              "budget/rollout_wall_s")
 TABLE = ["method", "seeds", "effective_ratio", "effective_ratio_ci90", "contrastive_yield",
-         "rollouts_per_mixed_group", "mixed_groups_per_100_rollouts",
+         "rollouts_per_mixed_group", "mixed_groups_per_100_rollouts", "mixed_groups_per_1000_tokens",
+         "mixed_groups_per_1000_tokens_ci90", "contrastive_yield_per_1000_tokens", "mixed_groups_per_rollout_s",
+         "mixed_groups_per_rollout_s_ci90",
          "prefix_effective_ratio", "skipped_share", "dropped_rollouts", "pool_success_start", "pool_success_end",
          "rollouts", "warmup_rollouts"]
+PER_SECOND = ("mixed_groups_per_rollout_s", "mixed_groups_per_rollout_s_ci90")  # only where the series hold seconds
 # Rows made at different commits share one table only because the golden test pins every
 # method's steps (trees, allocations, metrics) across them; each reused row names its commit.
 EQUIVALENCE = ("rows reused from records made at another commit (reused_records) are tabled with this commit's "
@@ -256,9 +269,38 @@ def _mean_finite(values: list[float]) -> float:
 
 def yield_count(run: dict) -> float:
     """Rollouts with a nonzero own-node advantage, summed over steps (each step's yield is that
-    step's rollouts with one, per 100 rollouts)."""
+    step's rollouts with one, per 100 rollouts; a run that logged the count itself gives the
+    same number)."""
     return float(sum(y / 100 * n for y, n in zip(run["series"]["contrastive_yield"], run["series"]["counts/rollouts"],
                                            strict=True)))
+
+
+def rollout_seconds(run: dict) -> float | None:
+    """The rollout phase's wall time summed over steps; None when the series do not hold it for
+    every step (runs recorded before it was logged)."""
+    wall = run["series"].get("budget/rollout_wall_s") or []
+    return float(sum(wall)) if len(wall) == len(run["series"]["counts/rollouts"]) and wall else None
+
+
+def per_cost(runs: list[dict]) -> dict:
+    """Mixed groups trained on and the contrastive yield, pooled over ``runs``, per 1,000
+    generated tokens and per second of rollout wall time, with 90% Poisson score intervals for
+    the mixed groups (the per-second figures None unless every run holds its seconds)."""
+    from trace_core.metrics import per_exposure, rate_interval
+
+    mixed = int(round(sum(_totals(r, "counts/mixed_groups_trained") for r in runs)))
+    tokens = sum(_totals(r, "budget/generated_tokens") for r in runs)
+    seconds = [rollout_seconds(r) for r in runs]
+    out: dict = {
+        "mixed_groups_per_1000_tokens": per_exposure(mixed, tokens, 1000.0),
+        "mixed_groups_per_1000_tokens_ci90": list(rate_interval(mixed, tokens, 1000.0)),
+        "contrastive_yield_per_1000_tokens": per_exposure(round(sum(yield_count(r) for r in runs)), tokens, 1000.0),
+        "mixed_groups_per_rollout_s": None, "mixed_groups_per_rollout_s_ci90": None,
+    }
+    if runs and all(x is not None for x in seconds):
+        out["mixed_groups_per_rollout_s"] = per_exposure(mixed, sum(seconds))
+        out["mixed_groups_per_rollout_s_ci90"] = list(rate_interval(mixed, sum(seconds)))
+    return out
 
 
 def summarise(runs: list[dict], variants: list[str], pool_k: int, pool_size: int) -> tuple[list[dict], dict]:
@@ -291,7 +333,7 @@ def summarise(runs: list[dict], variants: list[str], pool_k: int, pool_size: int
             "contrastive_yield": 100 * yld["value"], "contrastive_yield_ci90": [100 * c for c in yld["ci90"]],
             "mixed_groups_per_100_rollouts": 100 * per_rollout["value"],
             "mixed_groups_per_100_rollouts_ci90": [100 * c for c in per_rollout["ci90"]],
-            "mixed_groups_per_1000_tokens": 1000 * sum(mixed) / sum(tokens),
+            **per_cost(mine),
             "rollouts_per_mixed_group": sum(rollouts) / sum(mixed) if sum(mixed) else float("nan"),
             "prefix_effective_ratio": _mean_finite([x for r in mine for x in r["series"]["prefix_effective_ratio"]]),
             "skipped_share": float(np.mean([x for r in mine for x in r["series"]["alloc/skipped_share"]])),
@@ -511,14 +553,62 @@ def make_runs(args: argparse.Namespace, variants: list[str], commit: str | None,
     return runs, reused
 
 
-def print_comparison(rows: list[dict], targets: dict[str, str]) -> None:
+def _interval(ci: list[float] | None, digits: int = 3) -> str | None:
+    return None if ci is None else "[{:.{d}f}, {:.{d}f}]".format(*ci, d=digits)
+
+
+def print_comparison(rows: list[dict], targets: dict[str, str], pool_k: int) -> None:
+    """The table (aligned columns; the per-second ones only where some run holds its seconds),
+    the targets, then the table as README quotes it (markdown)."""
     from bench_tables import print_table
 
-    shown = [{**r, "seeds": len(r["seeds"]),
-              "effective_ratio_ci90": "[{:.3f}, {:.3f}]".format(*r["effective_ratio_ci90"])} for r in rows]
-    print_table(shown, TABLE)
+    timed = any(r.get("mixed_groups_per_rollout_s") is not None for r in rows)
+    shown = [{**r, "seeds": len(r["seeds"]), "effective_ratio_ci90": _interval(r["effective_ratio_ci90"]),
+              "mixed_groups_per_1000_tokens_ci90": _interval(r.get("mixed_groups_per_1000_tokens_ci90")),
+              "mixed_groups_per_rollout_s_ci90": _interval(r.get("mixed_groups_per_rollout_s_ci90"))} for r in rows]
+    print_table(shown, [c for c in TABLE if timed or c not in PER_SECOND])
+    if not timed:
+        print("  mixed groups per rollout second: no run here recorded its rollout wall time (budget/rollout_wall_s)")
     for name, verdict in targets.items():
         print(f"  {name}: {verdict}")
+    print()
+    print(markdown_table(rows, pool_k))
+
+
+def markdown_table(rows: list[dict], pool_k: int) -> str:
+    """The table as README quotes it: pooled ratios with their 90% intervals, the per-seed
+    effective ratios, and the per-rollout, per-token and (where recorded) per-second figures."""
+    from bench_tables import fixed, format_markdown, places
+
+    def with_ci(value: float | None, ci: list[float] | None, digits: int) -> str | None:
+        if value is None or not np.isfinite(value):
+            return None
+        return f"{value:.{digits}f}" + ("" if ci is None else " " + _interval(ci, digits))
+
+    timed = any(r.get("mixed_groups_per_rollout_s") is not None for r in rows)
+    shown = []
+    for r in rows:
+        row = {
+            "method": r["method"], "seeds": len(r["seeds"]),
+            "eff. ratio [90% CI]": with_ci(r["effective_ratio"], r["effective_ratio_ci90"], 3),
+            "per seed": " / ".join(f"{x:.3f}" for x in r["effective_ratio_per_seed"]),
+            "yield /100 [90% CI]": with_ci(r["contrastive_yield"], r["contrastive_yield_ci90"], 1),
+            "mixed /100 rollouts": r["mixed_groups_per_100_rollouts"],
+            "mixed /1k tokens [90% CI]": with_ci(r["mixed_groups_per_1000_tokens"],
+                                                 r.get("mixed_groups_per_1000_tokens_ci90"), 2),
+            "yield /1k tokens": r.get("contrastive_yield_per_1000_tokens"),
+        }
+        if timed:
+            row["mixed / rollout s [90% CI]"] = with_ci(r["mixed_groups_per_rollout_s"],
+                                                        r["mixed_groups_per_rollout_s_ci90"], 3)
+        row.update({"rollouts / mixed group": r["rollouts_per_mixed_group"],
+                    "prefix eff. (step mean)": r["prefix_effective_ratio"],
+                    "gen. tokens / step": r["generated_tokens"],
+                    f"pool start → end (k={pool_k})": f"{r['pool_success_start']:.3f} → {r['pool_success_end']:.3f}"})
+        shown.append(row)
+    digits = places({"mixed /100 rollouts": 2, "yield /1k tokens": 2, "rollouts / mixed group": 1,
+                     "prefix eff. (step mean)": 3, "gen. tokens / step": 0})
+    return format_markdown(shown, list(shown[0]) if shown else None, {**digits, "seeds": fixed(0)})
 
 
 def write_results(args: argparse.Namespace, commit: str | None, reused: dict[str, str], testbed: dict,
@@ -540,7 +630,7 @@ def main() -> None:
     args, variants = parse_args()
     if args.retable is not None:
         data = retable(args.retable)
-        print_comparison(data["rows"], data["targets"])
+        print_comparison(data["rows"], data["targets"], data["budget"]["pool_k"])
         args.retable.write_text(json.dumps(data, indent=1, default=float))
         print(f"recomputed {args.retable} from its own series")
         return
@@ -555,7 +645,7 @@ def main() -> None:
     variants = [v for v in variants if any(r["variant"] == v for r in runs)]
     rows, pool = summarise(runs, variants, args.pool_k, len(testbed["pool"]))
     targets = judge(rows, pool, runs)
-    print_comparison(rows, targets)
+    print_comparison(rows, targets, args.pool_k)
     write_results(args, commit, reused, testbed, rows, pool, targets, runs, time.perf_counter() - t0)
     plot(runs, variants, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
