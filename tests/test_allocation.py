@@ -423,7 +423,10 @@ def test_unknown_method_names_the_known_ones() -> None:
         get_method("ppo")
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+TRAJECTORY_METHODS = sorted(n for n, m in METHODS.items() if not m.prices_tokens)  # trace-tokens: test_token_budget
+
+
+@pytest.mark.parametrize("name", TRAJECTORY_METHODS)
 def test_every_method_spends_the_same_total_budget(name: str) -> None:
     spec = BudgetSpec(roots_M=32, expansion_N=2)
     rng = np.random.default_rng(0)
@@ -627,6 +630,10 @@ def test_every_root_rule_is_one_interface_that_says_whether_it_reads_history():
     for method in METHODS.values():
         rule = method.root_rule
         assert isinstance(rule, RootRule) and method.reads_history == rule.reads_history
+        if method.prices_tokens:  # its trajectory slot refuses: it has no reading at a trajectory budget
+            with pytest.raises(ValueError, match="prices its rollouts in generated tokens"):
+                rule(v, spec, np.random.default_rng(0), None)
+            continue
         # a rule that reads history treats None as an empty history; one that reads none ignores it
         assert np.array_equal(rule(v, spec, np.random.default_rng(0), None),
                               rule(v, spec, np.random.default_rng(0), view))
@@ -665,6 +672,8 @@ def test_exploration_is_a_rule_of_the_methods_that_explore():
     spec = BudgetSpec(roots_M=16, expansion_N=2)
     v = np.random.default_rng(1).random(spec.pool_size)
     for name, method in METHODS.items():
+        if method.prices_tokens:
+            continue
         plain = method.allocate_roots(v, spec, np.random.default_rng(4))
         explored = method.allocate_roots(v, spec, np.random.default_rng(4), explore_fraction=0.5)
         if not method.explores_roots:

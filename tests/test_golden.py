@@ -78,7 +78,9 @@ def compare(expected: Any, actual: Any, where: str) -> None:
         assert expected == actual, f"{where}: {expected!r} vs {actual!r}"
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+# a method priced in generated tokens (method §10) is not planned by the trainer's executor yet: its
+# trajectory rules refuse
+@pytest.mark.parametrize("method", sorted(n for n, m in METHODS.items() if not m.prices_tokens))
 def test_two_steps_reproduce_the_recorded_behaviour(method, hf_engine, tiny_models, tmp_path) -> None:
     try:
         record = run_record(method, hf_engine, tiny_models[0], tmp_path / method)

@@ -85,7 +85,9 @@ def test_malformed_actions_give_error_observations_and_the_rollout_goes_on(engin
     assert parse_action("so <answer> 42 </answer>").final_answer == "42"
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+# a method priced in generated tokens (method §10) is not planned by the trainer's executor yet: its
+# trajectory rules refuse
+@pytest.mark.parametrize("method", sorted(n for n, m in METHODS.items() if not m.prices_tokens))
 def test_every_method_spends_the_same_budget_through_the_executor(engine, tokenizer, method: str) -> None:
     spec = BudgetSpec(roots_M=8, expansion_N=1, group_size_G=4, max_per_prompt=4, pool_factor=1)
     rng = np.random.default_rng(0)

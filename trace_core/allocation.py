@@ -9,9 +9,11 @@ Beside the method §4 baselines, the registry holds methods whose root rule reme
 across steps (GRESO, the posterior-aware TRACE roots: a :class:`RootRule` that reads a
 :class:`~trace_core.history.HistoryView`) and those whose group filter samples in rounds (DAPO's
 dynamic sampling: a :class:`RoundRule`, with GRESO's skip filter in front of it as a
-:class:`CandidateFilter`). Each is a field of :class:`Method`, as are method §5's
-root exploration (:func:`explore_roots`) and the advantage estimator the method trains with;
-nothing reads a method's name.
+:class:`CandidateFilter`), and ``trace-tokens``, whose step is priced in generated tokens (method
+§10: a :class:`TokenRule`, solved in :mod:`trace_core.token_budget`; a :class:`BudgetSpec` may carry
+``tokens_per_step``). Each is a field of :class:`Method`, as are method §5's root exploration
+(:func:`explore_roots`) and the advantage estimator the method trains with; nothing reads a
+method's name.
 """
 
 from __future__ import annotations
@@ -664,10 +666,18 @@ class BudgetSpec:
     group_size_G: int = 8  # G: rollouts per prompt for the uniform baselines (GRPO, PCL, TreePO)
     max_per_prompt: int = 16  # M_max: largest m_i TRACE may give one prompt
     pool_factor: int = 4  # candidate pool B = pool_factor·M(1+N)/G (PCL's k = 4)
+    # T: the budget in generated tokens per step (method §10), for a method that prices rollouts in
+    # tokens (``Method.token_rule``) and for uniform methods run at equal tokens
+    # (trace_core.token_budget.uniform_spec_for_tokens); the fields above still define the candidate
+    # pool and G. None: the budget is M(1+N) trajectories.
+    tokens_per_step: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("roots_M", "expansion_N", "group_size_G", "max_per_prompt", "pool_factor"):
             _as_int(getattr(self, name), name)
+        if self.tokens_per_step is not None and _as_int(self.tokens_per_step, "tokens_per_step") < 1:
+            raise ValueError(f"tokens_per_step = {self.tokens_per_step}: a token budget must be >= 1 token "
+                             "(None: a budget in trajectories)")
         if self.roots_M < 2:
             raise ValueError(f"roots_M = {self.roots_M}: the root budget M must be >= 2")
         if self.expansion_N < 0:
@@ -688,6 +698,11 @@ class BudgetSpec:
     def total(self) -> int:
         """Trajectories per step, for every method: M(1+N)."""
         return self.roots_M * (1 + self.expansion_N)
+
+    @property
+    def prices_tokens(self) -> bool:
+        """Whether the budget is counted in generated tokens (``tokens_per_step``)."""
+        return self.tokens_per_step is not None
 
     @property
     def pool_size(self) -> int:
@@ -1037,6 +1052,106 @@ class DynamicSampling:
         return mixed & (np.cumsum(mixed) <= self.target_groups(spec))
 
 
+# ============================================================================ rules priced in tokens
+@dataclass(frozen=True)
+class OneBudgetConfig:
+    """The one-budget rule of ``trace-tokens`` (method §10, :mod:`trace_core.token_budget`)."""
+
+    # Candidate shares R/T of the step's token budget kept from the root solver for stage 2; the
+    # share whose root value plus predicted prefix value is largest wins (ties: the smaller share).
+    reservation_grid: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+    # Budget units of stage 1's exact root DP: its quantum is ⌈T / root_dp_units⌉ tokens.
+    root_dp_units: int = 4096
+    # Continuations per expected anchor that stage 1's prediction counts (the k-th gains
+    # v(1−v)(v^{k−1} + (1−v)^{k−1}), so later ones add little).
+    plan_units_per_anchor: int = 32
+
+    def __post_init__(self) -> None:
+        grid = tuple(float(x) for x in self.reservation_grid)
+        if not grid or any(not (np.isfinite(x) and 0.0 <= x < 1.0) for x in grid):
+            raise ValueError(f"reservation_grid = {self.reservation_grid}: it needs at least one share, each in [0, 1)")
+        for name in ("root_dp_units", "plan_units_per_anchor"):
+            if _as_int(getattr(self, name), name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)}: it must be >= 1")
+
+
+@runtime_checkable
+class TokenRule(Protocol):
+    """How a method spends a step's budget of generated tokens (method §10): :meth:`plan` picks the
+    bare rollouts and each prompt's reservation before any rollout, :meth:`spend` one prompt's
+    continuations and extra root rollouts once its bare rollouts have finished. Whatever state the
+    rule reads (cost estimates, its calibration) is the caller's, handed in as numbers."""
+
+    def plan(
+        self, v: np.ndarray, root_cost: np.ndarray, turns: np.ndarray, anchor_fraction: np.ndarray,
+        spec: BudgetSpec, rho: float = 1.0,
+    ) -> object:
+        """A :class:`~trace_core.token_budget.TokenPlan` (``m``, ``reserved`` per candidate)."""
+        ...
+
+    def spend(
+        self, p: np.ndarray, r: np.ndarray, turn: np.ndarray, anchor_cost: np.ndarray, bare_rewards: np.ndarray,
+        root_p: float, root_cost: float, allowance: float,
+    ) -> object:
+        """A :class:`~trace_core.token_budget.PromptSpend` (``K`` per anchor, ``extra_roots``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class OneBudget:
+    """``trace-tokens``' rule: one token budget a step, no fixed ``m_i·N`` prefix share — stage 1
+    :func:`~trace_core.token_budget.plan_token_step` (exact roots, a reservation chosen on
+    :attr:`OneBudgetConfig.reservation_grid`), stage 2
+    :func:`~trace_core.token_budget.spend_prompt_tokens` (per prompt, gain per expected token over
+    continuations and more root rollouts)."""
+
+    config: OneBudgetConfig = OneBudgetConfig()
+
+    def plan(
+        self, v: np.ndarray, root_cost: np.ndarray, turns: np.ndarray, anchor_fraction: np.ndarray,
+        spec: BudgetSpec, rho: float = 1.0,
+    ) -> object:
+        if spec.tokens_per_step is None:
+            raise ValueError("a token-priced rule needs a token budget: BudgetSpec.tokens_per_step is None")
+        from trace_core.token_budget import plan_token_step  # that module builds on this one
+
+        return plan_token_step(v, root_cost, turns, anchor_fraction, spec.tokens_per_step, rho,
+                               spec.max_per_prompt, self.config)
+
+    def spend(
+        self, p: np.ndarray, r: np.ndarray, turn: np.ndarray, anchor_cost: np.ndarray, bare_rewards: np.ndarray,
+        root_p: float, root_cost: float, allowance: float,
+    ) -> object:
+        from trace_core.token_budget import spend_prompt_tokens
+
+        return spend_prompt_tokens(p, r, turn, anchor_cost, bare_rewards, root_p, root_cost, allowance)
+
+
+_TOKEN_PRICED = ("this method prices its rollouts in generated tokens: plan it with its token_rule (plan, then "
+                 "spend per prompt) under a BudgetSpec with tokens_per_step; it has no trajectory-budget rule")
+
+
+@dataclass(frozen=True)
+class TokenPricedRoots:
+    """The trajectory root slot of a method priced in tokens: it has no reading under a budget of
+    trajectories, so it refuses rather than fall back to another rule."""
+
+    reads_history: ClassVar[bool] = False
+
+    def __call__(
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None,
+        budget: int | None = None,
+    ) -> np.ndarray:
+        raise ValueError(_TOKEN_PRICED)
+
+
+def prefixes_token_priced(
+    p: np.ndarray, r: np.ndarray, budget: int, turn: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """The trajectory prefix slot of a method priced in tokens: it refuses (see :class:`TokenPricedRoots`)."""
+    raise ValueError(_TOKEN_PRICED)
+
+
 @dataclass(frozen=True)
 class Method:
     """A named method: every rule a training step (the trainer's or the simulator's) takes from it.
@@ -1054,6 +1169,9 @@ class Method:
       ``candidate_filter`` where there is one (:meth:`round_candidates`: GRESO in front of dynamic
       sampling);
     - the prefixes: ``prefix_rule`` (None: no expansion);
+    - or, with a ``token_rule``, both stages under a budget of generated tokens (method §10): the
+      trajectory slots of such a method refuse (:class:`TokenPricedRoots`), and a caller plans its
+      step with ``token_rule.plan`` and ``token_rule.spend`` (``prices_tokens``);
     - the advantages: ``default_advantage``, unless the run names another estimator
       (:meth:`advantage_estimator`)."""
 
@@ -1080,6 +1198,10 @@ class Method:
     # run names another: method §6's tree advantage for every method, so that methods differ by
     # what they sample, not by how they score it (TreePO's own advantage stays an option).
     default_advantage: str = "tree"
+    # The rule that prices the method's step in generated tokens (method §10): its roots, each
+    # prompt's reservation and its stage 2 under BudgetSpec.tokens_per_step; None: a method of the
+    # trajectory budget, whose rules are the fields above.
+    token_rule: TokenRule | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.root_rule, RootRule):
@@ -1094,6 +1216,13 @@ class Method:
             if not isinstance(self.candidate_filter, CandidateFilter):
                 raise TypeError(f"method {self.name!r}: candidate_filter {self.candidate_filter!r} is no "
                                 "CandidateFilter (it needs reads_history and keep)")
+        if self.token_rule is not None:
+            if not isinstance(self.token_rule, TokenRule):
+                raise TypeError(f"method {self.name!r}: token_rule {self.token_rule!r} is no TokenRule (it needs "
+                                "plan and spend)")
+            if self.group_filter is not None:
+                raise ValueError(f"method {self.name!r}: a token-priced method plans its step at once; it "
+                                 "cannot sample in rounds")
         try:
             get_advantage_estimator(self.default_advantage)
         except ValueError as err:
@@ -1102,6 +1231,12 @@ class Method:
     @property
     def expands(self) -> bool:
         return self.prefix_rule is not None
+
+    @property
+    def prices_tokens(self) -> bool:
+        """Whether the method's step is planned in generated tokens (``token_rule``); its trajectory
+        rules then refuse."""
+        return self.token_rule is not None
 
     @property
     def reads_history(self) -> bool:
@@ -1140,6 +1275,8 @@ class Method:
         method's own root rule re-splits the rest of the budget over the other prompts (their rows
         of ``history`` included), so a posterior rule keeps its posterior."""
         v = _as_probabilities(v, "v")
+        if self.prices_tokens:
+            raise ValueError(f"method {self.name!r}: {_TOKEN_PRICED}")
         m = self.root_rule(v, spec, rng, history)
         expected = spec.roots_M if self.expands else spec.total
         if int(m.sum()) != expected:  # a loud guard on the equal-cost contract
@@ -1157,6 +1294,8 @@ class Method:
         return get_advantage_estimator(self.default_advantage if name is None else name)
 
     def prefix_budget(self, m_i: int, spec: BudgetSpec) -> int:
+        if self.prices_tokens:
+            raise ValueError(f"method {self.name!r}: {_TOKEN_PRICED}")
         return int(m_i) * spec.expansion_N if self.expands else 0
 
     def allocate_prefixes(
@@ -1225,3 +1364,7 @@ register_method(Method("trace-posterior-thompson", PosteriorRoots(sample_posteri
 register_method(Method("vip", VipRoots(), None,
                        "VIP: M(1+N)/G random prompts; a GP on recent outcomes predicts success and the budget M(1+N) "
                        "is split between 2 and M_max to minimise the batch's gradient variance", uses_predictor=True))
+register_method(Method("trace-tokens", TokenPricedRoots(), prefixes_token_priced,
+                       "method §10: one budget of generated tokens a step; exact roots on quantised costs with a "
+                       "reservation for stage 2, then per prompt continuations or more roots by gain per token",
+                       uses_predictor=True, token_rule=OneBudget()))
