@@ -4,6 +4,7 @@ equal budgets across the method registry, the no-anchor rule, and out-of-sample 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from trace_core.allocation import (
     allocate_roots_beta,
     get_method,
 )
+from trace_core.costs import depth_correction
 from trace_core.history import GresoConfig, PosteriorConfig, PromptHistory, beta_posterior, greso_state
 from trace_core.metrics import allocation_stats, anchor_allocation, effective_ratio, spearman, step_metrics
 from trace_core.sim import (
@@ -26,13 +28,17 @@ from trace_core.sim import (
     PersistentPool,
     PersistentPoolConfig,
     SimConfig,
+    TokenLedger,
+    expected_rollout_tokens,
     make_predictor,
     martingale_step,
+    path_tokens,
     run_step,
     simulate_paths,
     supervised_histories,
     tree_histories,
 )
+from trace_core.token_budget import PrefixCalibration
 from trace_core.tree import ROOT, RolloutTree
 
 SMALL = BudgetSpec(roots_M=64, expansion_N=2)
@@ -135,7 +141,7 @@ def test_horizon_is_shared_by_every_path_of_a_prompt():
 
 
 # ---------------------------------------------------------------------------- budgets
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(n for n, m in METHODS.items() if not m.prices_tokens))
 @pytest.mark.parametrize("shape", [(64, 2), (64, 6), (128, 0)])
 def test_every_method_spends_exactly_the_equal_budget(method, shape):
     spec = BudgetSpec(*shape)
@@ -532,7 +538,10 @@ def test_the_simulator_reports_the_trainer_s_metric_names():
     kept = [bool(x) for x in r.tree_kept]
     adv = get_method("dapo").advantage_estimator()([t for t, x in zip(r.trees, kept, strict=True) if x])
     shared = step_metrics(r.trees, kept, adv, allocation_stats(r.pool_m, k, pos), r.rounds)
-    assert {key: r.metrics[key] for key in shared} == pytest.approx(shared, nan_ok=True)
+    # the trees hold no token ids: the per-token figures are the simulated tokens' (method §10)
+    per_token = {"contrast/mixed_per_1k_tokens": 1000 * shared["counts/mixed_groups_trained"] / r.generated_tokens,
+                 "contrast/yield_per_1k_tokens": 1000 * shared["counts/contrastive_rollouts"] / r.generated_tokens}
+    assert {key: r.metrics[key] for key in shared} == pytest.approx({**shared, **per_token}, nan_ok=True)
     assert r.metrics["counts/dropped_groups"] == (~r.tree_kept).sum()
 
 
@@ -546,3 +555,120 @@ def test_the_simulator_explores_through_the_method_as_the_trainer_does():
             assert (explored.pool_m == 2).sum() > (plain.pool_m == 2).sum()
         else:
             np.testing.assert_array_equal(explored.pool_m, plain.pool_m)
+
+
+# ---------------------------------------------------------------------------- generated tokens (method §10)
+TOKEN_KEYS = ("budget/generated_tokens", "contrast/mixed_per_1k_tokens", "contrast/yield_per_1k_tokens",
+              "mixed_groups_with_anchors_per_1k_tokens")
+
+
+def _without_tokens(metrics):
+    figures = _fingerprint_metrics(metrics)
+    return {k: v for k, v in figures.items() if k not in TOKEN_KEYS and not k.startswith("tokens/")}
+
+
+def _fingerprint_metrics(metrics):
+    return {k: (None if np.isnan(v) else v) for k, v in metrics.items()}
+
+
+def test_token_costs_by_hand():
+    config = SimConfig(horizon_min=3, horizon_max=4, turn_tokens_mean=10.0, turn_tokens_growth=2.0,
+                       turn_tokens_sample_std=0.0)
+    assert expected_rollout_tokens(config) == pytest.approx((70 + 150) / 2)  # 10+20+40 and +80
+    typical = np.array([[10.4, 20.6, 30.0, 5.0], [1.0, 0.2, 3.0, 9.0]])
+    got = path_tokens(typical, np.array([1, 0]), np.array([3, 4]), config, np.random.default_rng(0))
+    assert got.tolist() == [21 + 30, 1 + 1 + 3 + 9]  # turns 2..3; every generated turn at least one token
+
+
+def test_token_costs_leave_the_step_stream_as_it_was():
+    """The same step with other token lengths: the same trees, allocations and figures (the tokens
+    come from a generator of their own), only more tokens."""
+    a = _step("trace", seed=3)
+    b = _step("trace", seed=3, config=SimConfig(turn_tokens_mean=500.0, turn_tokens_growth=0.5))
+    assert _fingerprint(a)[:5] == _fingerprint(b)[:5]
+    assert _without_tokens(a.metrics) == _without_tokens(b.metrics)
+    assert b.generated_tokens > a.generated_tokens > 0
+
+
+def test_every_step_reports_its_generated_tokens():
+    r = _step("trace", seed=4)
+    assert r.generated_tokens == int(r.bare_tokens.sum() + r.cont_tokens.sum())
+    assert r.bare_tokens.size == r.pool_m.sum() and r.cont_tokens.size == r.anchor_K.sum() + r.root_extra.sum()
+    start = 0
+    for tree, i in zip(r.trees, r.tree_prompt, strict=True):  # bare rollouts grouped by prompt in pool order
+        seg = r.bare_tokens[start : start + r.pool_m[i]]
+        assert (seg >= tree.root.info["horizon"]).all()  # at least one token a turn
+        start += r.pool_m[i]
+    m = r.metrics
+    assert m["budget/generated_tokens"] == r.generated_tokens
+    per_1k = 1000 * m["counts/mixed_groups_trained"] / r.generated_tokens
+    assert m["contrast/mixed_per_1k_tokens"] == pytest.approx(per_1k)
+    useful_per_1k = 1000 * m["counts/contrastive_rollouts"] / r.generated_tokens
+    assert m["contrast/yield_per_1k_tokens"] == pytest.approx(useful_per_1k)
+    assert m["mixed_groups_with_anchors_per_1k_tokens"] == pytest.approx(
+        1000 * (m["counts/mixed_groups_trained"] + m["counts/mixed_anchors"]) / r.generated_tokens)
+
+
+def test_uniform_methods_buy_the_groups_the_token_budget_buys():
+    E = expected_rollout_tokens(SimConfig())  # a fresh ledger's guess for every prompt
+    spec = BudgetSpec(64, 2, tokens_per_step=int(np.ceil(5 * 8 * E)))
+    for name in ("grpo", "pcl"):
+        r = run_step(name, spec, OraclePredictor(), np.random.default_rng(5))
+        assert int(r.pool_m.sum()) == 40 and set(r.pool_m[r.pool_m > 0].tolist()) == {8}, name
+        assert r.trajectories == 40 and r.pool_m.size == spec.pool_size
+    with pytest.raises(ValueError, match="under a token budget the simulator runs"):
+        run_step("trace", spec, OraclePredictor(), np.random.default_rng(5))
+    with pytest.raises(ValueError, match="the budget needs tokens_per_step"):
+        run_step("trace-tokens", SMALL, OraclePredictor(), np.random.default_rng(5))
+
+
+def test_trace_tokens_spends_its_plan_and_each_prompts_allowance():
+    config = SimConfig()
+    E = expected_rollout_tokens(config)
+    spec = BudgetSpec(16, 2, tokens_per_step=int(48 * E))
+    r = run_step("trace-tokens", spec, OraclePredictor(), np.random.default_rng(6), config)
+    plan = r.token_plan
+    np.testing.assert_array_equal(r.pool_m, plan.m)
+    assert plan.root_tokens <= spec.tokens_per_step and plan.reserved.sum() <= spec.tokens_per_step - plan.root_tokens
+    assert r.trajectories == int(r.pool_m.sum() + r.anchor_K.sum() + r.root_extra.sum())
+    # a fresh ledger prices every root rollout at E and a continuation from t of T at E·(1 − t/T)
+    start = 0
+    for tree, i in zip(r.trees, r.tree_prompt, strict=True):
+        T = tree.root.info["horizon"]
+        mine = r.anchor_prompt == i
+        spent = float(np.sum(r.anchor_K[mine] * E * (1 - r.anchor_turn[mine] / T))) + r.root_extra[i] * E
+        realised = float(r.bare_tokens[start : start + r.pool_m[i]].sum())
+        start += r.pool_m[i]
+        allowance = max(plan.reserved[i] + E * r.pool_m[i] - realised, 0.0)
+        assert spent <= allowance + 1e-6
+    assert r.metrics["tokens/budget"] == spec.tokens_per_step
+    assert r.token_ledger.costs.step == 0 and r.token_ledger.calibration.predicted > 0
+
+
+def test_the_reservation_follows_the_price_of_continuations():
+    """Once the ledger has learned what continuations cost, cheap ones (short later turns) win a
+    larger reservation than expensive ones (long later turns) where the prefix stage is marginal
+    (ρ = 0.03 here; at larger ρ cheap continuations saturate with fewer tokens: at ρ = 0.1 this
+    pool reserves 0.4 of the budget for cheap ones, 0.5 for expensive ones), and a calibration of
+    ρ = 0 reserves nothing."""
+    shares, corrections = {}, {}
+    for growth in (0.5, 2.0):
+        config = SimConfig(turn_tokens_growth=growth)
+        spec = BudgetSpec(16, 2, tokens_per_step=int(48 * expected_rollout_tokens(config)))
+        ledger = TokenLedger.for_config(config)
+        for s in range(3):
+            ledger = run_step("trace-tokens", spec, OraclePredictor(), np.random.default_rng([9, s]), config,
+                              compute_metrics=False, ledger=ledger).token_ledger
+        corrections[growth] = depth_correction(ledger.costs, ledger.cost_model)
+        marginal = dataclasses.replace(ledger, calibration=PrefixCalibration(100.0, 3.0))
+        r = run_step("trace-tokens", spec, OraclePredictor(), np.random.default_rng([9, 3]), config,
+                     compute_metrics=False, ledger=marginal)
+        shares[growth] = r.token_plan.reservation_share
+        none = dataclasses.replace(ledger, calibration=PrefixCalibration(100.0, 0.0))
+        r = run_step("trace-tokens", spec, OraclePredictor(), np.random.default_rng([9, 3]), config,
+                     compute_metrics=False, ledger=none)
+        assert r.token_plan.reservation_share == 0.0 and not r.token_plan.reserved.any()
+    # late anchors: their continuations cost less (more) than the linear rule says where later turns
+    # are short (long); early bins also carry the fresh prompts' root estimate errors
+    assert corrections[0.5][-1] < 1 < corrections[2.0][-1]
+    assert shares[0.5] > shares[2.0]

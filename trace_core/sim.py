@@ -47,6 +47,15 @@ Methods that sample in rounds (DAPO's dynamic sampling) run their rounds here: t
 a round are rolled out before the next round is chosen; the method's group filter decides
 which groups count as trained (``StepResult.tree_kept``), and the budget is a cap for them.
 
+Generated tokens (method §10): each prompt has a typical length per turn, drawn when the prompt is
+created (:func:`draw_turn_tokens`), and every generated turn a fresh factor around it
+(:func:`path_tokens`); a rollout costs the sum over the turns it generates, so a continuation from
+a late turn costs only its remaining turns. These draws come from a generator of their own (spawned
+from the step's, or the persistent pool's), so every path, allocation and figure of a method is
+what it is without them. :class:`TokenLedger` carries the cost estimates across steps, and
+:func:`run_step` runs ``trace-tokens`` — and GRPO or PCL at an equal token budget — under
+``BudgetSpec.tokens_per_step``.
+
 Sampling is vectorised over paths (a Python loop runs over the ≤ ``horizon_max`` turns); trees
 are built in a light loop over nodes. Everything is seeded: the same generator state, method,
 budget and predictor (and pool and history state) give the same :class:`StepResult`.
@@ -62,8 +71,20 @@ import numpy as np
 
 from trace_core.advantages import AdvantageEstimator
 from trace_core.allocation import BudgetSpec, Method, RoundRule, get_method, next_checked_round
+from trace_core.costs import (
+    CostModel,
+    CostState,
+    cost_error,
+    expected_anchor_fraction,
+    expected_root_tokens,
+    expected_turns,
+    observe,
+    observe_continuations,
+    remaining_tokens,
+)
 from trace_core.history import PromptHistory
-from trace_core.metrics import allocation_stats, predictor_spearman, spearman, step_metrics
+from trace_core.metrics import allocation_stats, per_exposure, predictor_spearman, spearman, step_metrics
+from trace_core.token_budget import PrefixCalibration, model_prefix_value, uniform_spec_for_tokens
 from trace_core.tree import ROOT, RolloutTree
 
 
@@ -80,6 +101,16 @@ class SimConfig:
     feature_noise_std: float = 1.0  # std of the Gaussian added to logit(p0) in the prompt feature
     observation_noise_std: float = 0.25  # std (not variance) of the Gaussian added to V_t per turn
     feature_clip: float = 1e-9  # p0 is clipped to [c, 1 − c] before the logit, so the feature is finite
+    # Generated tokens (method §10). Turn d of a prompt has a typical length, drawn once per prompt
+    # and turn when the prompt is created: turn_tokens_mean · turn_tokens_growth^(d−1) times a
+    # prompt factor and a turn factor, each log-normal with mean 1; one generated turn has that
+    # length times a log-normal factor of mean 1 drawn per rollout and turn, rounded, at least 1.
+    # A rollout (or a continuation) costs the sum over the turns it generates.
+    turn_tokens_mean: float = 64.0  # mean generated tokens of a first turn
+    turn_tokens_growth: float = 1.0  # ratio of turn d+1's typical length to turn d's (< 1: late turns short)
+    turn_tokens_prompt_std: float = 0.5  # log-space std of the prompt factor (one per prompt)
+    turn_tokens_turn_std: float = 0.3  # log-space std of the turn factor (one per prompt and turn)
+    turn_tokens_sample_std: float = 0.2  # log-space std of one generated turn around its typical length
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.difficulty_beta) and self.difficulty_beta > 0):
@@ -99,6 +130,14 @@ class SimConfig:
                 raise ValueError(f"{name} = {value}: a noise std must be finite and >= 0")
         if not 0 < self.feature_clip < 0.5:
             raise ValueError(f"feature_clip = {self.feature_clip}: it must lie in (0, 0.5)")
+        for name in ("turn_tokens_mean", "turn_tokens_growth"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value > 0):
+                raise ValueError(f"{name} = {value}: it must be finite and > 0")
+        for name in ("turn_tokens_prompt_std", "turn_tokens_turn_std", "turn_tokens_sample_std"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} = {value}: a log-space std must be finite and >= 0")
 
 
 # ============================================================================ the environment
@@ -109,10 +148,54 @@ class PromptPool:
     p0: np.ndarray  # float64 (B,): V_0, the prompt's true success probability
     horizon: np.ndarray  # int64 (B,): T, turns of every path of the prompt
     feature: np.ndarray  # float64 (B,): logit(p0) + N(0, feature_noise_std)
+    # float64 (B, horizon_max): column d − 1 holds turn d's typical generated tokens (hidden); None:
+    # no token costs drawn (run_step draws them for a pool without)
+    turn_tokens: np.ndarray | None = None
+
+    def take(self, rows: np.ndarray) -> PromptPool:
+        """The prompts at ``rows``, in that order."""
+        tok = None if self.turn_tokens is None else self.turn_tokens[rows]
+        return PromptPool(p0=self.p0[rows], horizon=self.horizon[rows], feature=self.feature[rows], turn_tokens=tok)
+
+
+def draw_turn_tokens(config: SimConfig, size: int, rng: np.random.Generator) -> np.ndarray:
+    """float64 (size, horizon_max): each prompt's typical generated tokens per turn (SimConfig's
+    token fields): ``mean · growth^(d−1)`` times a prompt factor and a turn factor, log-normal with mean 1."""
+    H = config.horizon_max
+    sp, st = config.turn_tokens_prompt_std, config.turn_tokens_turn_std
+    prompt = np.exp(rng.normal(0.0, sp, size=(size, 1)) - 0.5 * sp * sp)
+    turn = np.exp(rng.normal(0.0, st, size=(size, H)) - 0.5 * st * st)
+    shape = config.turn_tokens_mean * np.power(config.turn_tokens_growth, np.arange(H, dtype=np.float64))
+    return shape[None, :] * prompt * turn
+
+
+def expected_rollout_tokens(config: SimConfig) -> float:
+    """Expected generated tokens of a root rollout of a fresh prompt: ``E_T[Σ_{d ≤ T} mean·growth^(d−1)]``
+    over the horizon prior (the factors have mean 1; rounding ignored)."""
+    shape = config.turn_tokens_mean * np.power(config.turn_tokens_growth, np.arange(config.horizon_max))
+    horizons = np.arange(config.horizon_min, config.horizon_max + 1)
+    return float(np.mean([shape[:T].sum() for T in horizons]))
+
+
+def path_tokens(
+    turn_tokens: np.ndarray, start_depth: np.ndarray, horizon: np.ndarray, config: SimConfig,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """int64 (n,): generated tokens of paths that generate turns ``start_depth + 1 .. horizon``;
+    ``turn_tokens``: each path's prompt row of :func:`draw_turn_tokens`. Each generated turn is its
+    typical length times a fresh log-normal factor of mean 1, rounded, at least 1 token."""
+    n, H = turn_tokens.shape[0], config.horizon_max
+    ss = config.turn_tokens_sample_std
+    factor = np.exp(rng.normal(0.0, ss, size=(n, H)) - 0.5 * ss * ss)
+    per_turn = np.maximum(np.rint(turn_tokens * factor), 1.0)
+    d = np.arange(1, H + 1)[None, :]
+    generated = (d > np.asarray(start_depth)[:, None]) & (d <= np.asarray(horizon)[:, None])
+    return np.where(generated, per_turn, 0.0).sum(axis=1).astype(np.int64)
 
 
 def sample_prompts(config: SimConfig, size: int, rng: np.random.Generator) -> PromptPool:
-    """``size`` fresh prompts, i.i.d. from the configured prior."""
+    """``size`` fresh prompts, i.i.d. from the configured prior (without token costs: :func:`run_step`
+    draws those from a generator of its own, so this stream is what it always was)."""
     if size < 0:
         raise ValueError(f"size = {size}: the number of prompts cannot be negative")
     a = config.difficulty_beta
@@ -175,6 +258,8 @@ class PersistentPool:
         self.logit = _logit(rng.beta(a, a, size=D), self.config.feature_clip)
         self.horizon = rng.integers(self.config.horizon_min, self.config.horizon_max + 1, size=D).astype(np.int64)
         self.feature_error = rng.normal(0.0, self.config.feature_noise_std, size=D)
+        # each prompt's typical tokens per turn, from a generator of their own (the streams above stay)
+        self.turn_tokens = draw_turn_tokens(self.config, D, np.random.default_rng([self.seed, 3]))
         self.step = 0  # steps advanced so far; the next candidates are step `step`'s
 
     def success_probability(self) -> np.ndarray:
@@ -198,7 +283,8 @@ class PersistentPool:
         ids = self.candidate_ids()
         p = _sigmoid(self.logit[ids])
         feature = _logit(p, self.config.feature_clip) + self.feature_error[ids]
-        return ids, PromptPool(p0=p, horizon=self.horizon[ids].copy(), feature=feature)
+        return ids, PromptPool(p0=p, horizon=self.horizon[ids].copy(), feature=feature,
+                               turn_tokens=self.turn_tokens[ids].copy())
 
     def advance(self, trained_mixed_ids: np.ndarray) -> None:
         """End the step: drift every prompt, push the ones that formed a trained mixed group."""
@@ -556,6 +642,31 @@ class StepResult:
     tree_kept: np.ndarray | None = None  # bool per tree: the policy trains on it (a round rule's group filter)
     rounds: int = 1  # sampling rounds of the bare rollouts
     pool_success: float = float("nan")  # persistent pool: mean success probability after this step's drift
+    generated_tokens: int = 0  # tokens the step generated (bare rollouts and continuations), method §10
+    bare_tokens: np.ndarray | None = None  # int64 (R,): generated tokens of each bare rollout, grouped by prompt
+    cont_tokens: np.ndarray | None = None  # int64 (C,): generated tokens of each continuation, grouped by prompt
+    token_plan: object | None = None  # a token-priced method's stage 1 (trace_core.token_budget.TokenPlan)
+    token_ledger: TokenLedger | None = None  # the ledger after this step: pass it to the next one
+
+
+@dataclass(frozen=True)
+class TokenLedger:
+    """What the token budget (method §10) carries from step to step, immutable: the cost model and
+    its state (:mod:`trace_core.costs`: per-prompt and policy-wide discounted lengths, the learned
+    per-depth continuation correction) and the one-budget rule's calibration
+    (:class:`~trace_core.token_budget.PrefixCalibration`). :func:`run_step` reads it and returns
+    the next one in ``StepResult.token_ledger``; the state is observed for every method, the
+    calibration by token-priced methods only."""
+
+    cost_model: CostModel
+    costs: CostState = field(default_factory=CostState)
+    calibration: PrefixCalibration = PrefixCalibration()
+
+    @staticmethod
+    def for_config(config: SimConfig) -> TokenLedger:
+        """A fresh ledger whose first guesses are the configuration's expected rollout tokens and turns."""
+        turns = 0.5 * (config.horizon_min + config.horizon_max)
+        return TokenLedger(CostModel(initial_tokens=expected_rollout_tokens(config), initial_turns=turns))
 
 
 def _checked_scores(values: object, n: int, what: str) -> np.ndarray:
@@ -581,6 +692,7 @@ def run_step(
     pool: PersistentPool | None = None,
     history: PromptHistory | None = None,
     explore_fraction: float = 0.0,
+    ledger: TokenLedger | None = None,
 ) -> StepResult:
     """One step of method §2–§4 with ``method`` at budget ``spec`` (``spec.total`` trajectories).
 
@@ -597,6 +709,17 @@ def run_step(
     ``explore_fraction``: method §5's root exploration, applied by the methods that explore (as
     the trainer's ``predictor.explore_fraction``; 0: none).
 
+    Generated tokens (method §10): every rollout's tokens are drawn from a generator spawned from
+    ``rng`` (so the rest of the step's stream is what it is without them) and reported
+    (``generated_tokens``). ``ledger``: the run's :class:`TokenLedger` (default: a fresh one), read
+    for the expected costs and returned updated in ``StepResult.token_ledger``. Under a token budget
+    (``spec.tokens_per_step``) a token-priced method (``method.prices_tokens``: ``trace-tokens``)
+    plans its roots and reservations with its token rule and spends each prompt's allowance — its
+    reservation plus its roots' expected cost less their realised cost — with the rule's stage 2;
+    a method without expansion or rounds gets as many groups of ``G`` as the budget buys at the
+    expected costs (:func:`~trace_core.token_budget.uniform_spec_for_tokens`); other methods are
+    refused there.
+
     Every rule comes from ``method``, as in the trainer: its root rule (with the history where it
     reads one), exploration, its group filter and rounds, its prefix rule and its default advantage estimator; the
     metrics carry the trainer's names (:func:`simulator_metrics`)."""
@@ -604,6 +727,11 @@ def run_step(
     method = get_method(method) if isinstance(method, str) else method
     H, N = config.horizon_max, spec.expansion_N
     B = spec.pool_size
+    token_rng = rng.spawn(1)[0]  # generated tokens only: the step's own stream is left as it was
+    ledger = ledger or TokenLedger.for_config(config)
+    if method.prices_tokens and not spec.prices_tokens:
+        raise ValueError(f"method {method.name!r} prices its step in generated tokens: the budget needs "
+                         "tokens_per_step")
 
     # ---- candidate pool, shuffled (the shuffle keeps method §2's promise that no prompt is
     # favoured by its index even if a caller passes a fixed dataset order)
@@ -617,28 +745,43 @@ def run_step(
         if pool.config != config:
             raise ValueError("the persistent pool was built with another SimConfig")
         ids, prompts = pool.candidates()
+    if prompts.turn_tokens is None:
+        prompts = PromptPool(prompts.p0, prompts.horizon, prompts.feature, draw_turn_tokens(config, B, token_rng))
     order = rng.permutation(B)
-    prompts = PromptPool(p0=prompts.p0[order], horizon=prompts.horizon[order], feature=prompts.feature[order])
+    prompts = prompts.take(order)
     ids = None if ids is None else ids[order]
     step = 0 if pool is None else pool.step
+    model, costs = ledger.cost_model, ledger.costs
+    root_cost = expected_root_tokens(costs, model, ids, n=B)  # ids None: fresh prompts, the policy's mean
+    turns_est = expected_turns(costs, model, ids, n=B)
 
     # ---- stage 1: roots
     root_batch = HistoryBatch(prompts.feature, np.full((B, H), np.nan), np.zeros(B, dtype=np.int64), prompts.p0)
     v = _checked_scores(predictor.score(root_batch), B, "root")
-    rounds, sample_rank = 1, None
-    if method.group_filter is None:
-        view = history.view(ids, step) if (history is not None and method.reads_history) else None
-        m = np.asarray(method.allocate_roots(v, spec, rng, history=view, explore_fraction=explore_fraction),
-                       dtype=np.int64)
-    else:  # the pre-rollout filter (where there is one) once, then the rounds over what it kept
-        view = history.view(ids, step) if (history is not None and method.reads_history) else None
-        eligible = method.round_candidates(v, spec, rng, view)
-        m, bare_prompt, bare, rounds, sample_rank = _sample_in_rounds(method.group_filter, v, prompts, spec, config,
-                                                                      rng, eligible)
-    prefix_budget = m * N if method.expands else np.zeros(B, dtype=np.int64)
+    rounds, sample_rank, plan = 1, None, None
+    view = history.view(ids, step) if (history is not None and method.reads_history) else None
+    if method.prices_tokens:  # stage 1 of the token budget: roots and each prompt's reservation
+        fraction = expected_anchor_fraction(costs, model, turns_est)
+        plan = method.token_rule.plan(v, root_cost, turns_est, fraction, spec, ledger.calibration.rho)
+        m = np.asarray(plan.m, dtype=np.int64)
+    else:
+        if spec.prices_tokens:  # a uniform method at equal tokens: the groups of G the budget buys
+            if method.expands or method.group_filter is not None:
+                raise ValueError(f"method {method.name!r}: under a token budget the simulator runs a token-priced "
+                                 "method, or one without expansion or rounds (as many groups of G as the budget "
+                                 "buys)")
+            spec = uniform_spec_for_tokens(spec, root_cost)
+        if method.group_filter is None:
+            m = np.asarray(method.allocate_roots(v, spec, rng, history=view, explore_fraction=explore_fraction),
+                           dtype=np.int64)
+        else:  # the pre-rollout filter (where there is one) once, then the rounds over what it kept
+            eligible = method.round_candidates(v, spec, rng, view)
+            m, bare_prompt, bare, rounds, sample_rank = _sample_in_rounds(method.group_filter, v, prompts, spec,
+                                                                          config, rng, eligible)
+    prefix_budget = m * N if (method.expands and not method.prices_tokens) else np.zeros(B, dtype=np.int64)
     planned = int(m.sum() + prefix_budget.sum())
-    if planned != spec.total and not method.samples_in_rounds:  # a round rule spends what it samples
-        raise AssertionError(f"{method.name}: spends {planned} != {spec.total}")
+    if planned != spec.total and not (method.samples_in_rounds or method.prices_tokens):
+        raise AssertionError(f"{method.name}: spends {planned} != {spec.total}")  # a round rule spends what it samples
     selected = np.flatnonzero(m)
 
     # ---- bare rollouts, grouped by prompt in pool order
@@ -647,6 +790,8 @@ def run_step(
         bare = simulate_paths(prompts.p0[bare_prompt], np.zeros(bare_prompt.size, dtype=np.int64),
                               prompts.horizon[bare_prompt], config, rng)
     R = bare_prompt.size
+    bare_tokens = path_tokens(prompts.turn_tokens[bare_prompt], np.zeros(R, dtype=np.int64),
+                              prompts.horizon[bare_prompt], config, token_rng)
 
     # ---- anchors: turns 1..T−1 of each bare rollout
     n_anchor = prompts.horizon[bare_prompt] - 1
@@ -665,6 +810,18 @@ def run_step(
     K = np.zeros(A, dtype=np.int64)
     root_extra = np.zeros(B, dtype=np.int64)
     lo, hi = _segment_bounds(anchor_prompt, selected)
+    anchor_cost = remaining_tokens(costs, model, root_cost[anchor_prompt], anchor_turn, prompts.horizon[anchor_prompt])
+    if method.prices_tokens:  # each prompt's allowance: its reservation and what its roots cost less than expected
+        b_lo, b_hi = _segment_bounds(bare_prompt, selected)
+        realised = np.bincount(bare_prompt, weights=bare_tokens, minlength=B)
+        for i, a0, a1, b0, b1 in zip(selected.tolist(), lo.tolist(), hi.tolist(), b_lo.tolist(), b_hi.tolist(),
+                                     strict=True):
+            allowance = float(plan.reserved[i]) + float(root_cost[i] * m[i]) - float(realised[i])
+            spent_i = method.token_rule.spend(p[a0:a1], anchor_reward[a0:a1], anchor_turn[a0:a1], anchor_cost[a0:a1],
+                                              bare.reward[b0:b1], float(v[i]), float(root_cost[i]), allowance)
+            K[a0:a1] = spent_i.K
+            root_extra[i] = spent_i.extra_roots
+        planned = int(m.sum() + K.sum() + root_extra.sum())
     for i, a0, a1 in zip(selected.tolist(), lo.tolist(), hi.tolist(), strict=True):
         budget = int(prefix_budget[i])
         if budget == 0:
@@ -688,6 +845,8 @@ def run_step(
     cont_prompt, cont_start_depth = cont_prompt[by_prompt], cont_start_depth[by_prompt]
     cont_start_value, cont_from_anchor = cont_start_value[by_prompt], cont_from_anchor[by_prompt]
     cont = simulate_paths(cont_start_value, cont_start_depth, prompts.horizon[cont_prompt], config, rng)
+    cont_tokens = path_tokens(prompts.turn_tokens[cont_prompt], cont_start_depth, prompts.horizon[cont_prompt],
+                              config, token_rng)
 
     # ---- trees
     trees, anchor_node = _build_trees(
@@ -711,9 +870,22 @@ def run_step(
         anchor_position=anchor_turn / prompts.horizon[anchor_prompt], anchor_reward=anchor_reward,
         anchor_pred=p, anchor_value=anchor_value, anchor_K=K, trajectories=trajectories,
         turns_generated=turns, pool_ids=ids, tree_kept=kept, rounds=rounds,
+        generated_tokens=int(bare_tokens.sum() + cont_tokens.sum()), bare_tokens=bare_tokens, cont_tokens=cont_tokens,
+        token_plan=plan,
     )
+    ledger, token_figures = _next_ledger(ledger, method, v, root_cost, ids, bare_prompt, bare_tokens, prompts,
+                                         anchor_prompt, anchor_reward, anchor_cost, K, cont_from_anchor, cont_prompt,
+                                         cont_start_depth, cont.reward, cont_tokens)
+    result.token_ledger = ledger
     if compute_metrics:
         result.metrics = simulator_metrics(result, method.advantage_estimator())
+        result.metrics.update(token_figures)
+        if plan is not None:
+            result.metrics.update({
+                "tokens/budget": float(spec.tokens_per_step), "tokens/reservation_share": plan.reservation_share,
+                "tokens/reserved": float(plan.reserved.sum()), "tokens/planned_root_tokens": plan.root_tokens,
+                "tokens/predicted_prefix_value": plan.prefix_value, "tokens/extra_roots": float(root_extra.sum()),
+            })
     predictor.update(trees)  # after every score of this step has been used and recorded
     if history is not None:  # the bare root outcomes, with the predictions the allocator used
         wins = np.bincount(bare_prompt, weights=bare.reward, minlength=B)[selected]
@@ -724,6 +896,50 @@ def run_step(
         if compute_metrics:
             result.metrics["pool_success"] = result.pool_success
     return result
+
+
+def _next_ledger(
+    ledger: TokenLedger, method: Method, v: np.ndarray, root_cost: np.ndarray, ids: np.ndarray | None,
+    bare_prompt: np.ndarray, bare_tokens: np.ndarray, prompts: PromptPool, anchor_prompt: np.ndarray,
+    anchor_reward: np.ndarray, anchor_cost: np.ndarray, K: np.ndarray,
+    cont_from_anchor: np.ndarray, cont_prompt: np.ndarray, cont_start_depth: np.ndarray, cont_reward: np.ndarray,
+    cont_tokens: np.ndarray,
+) -> tuple[TokenLedger, dict[str, float]]:
+    """The ledger after the step, and the cost estimates' errors against what the step generated.
+
+    The costs observe the bare rollouts (tokens and turns, per prompt where prompts recur) and the
+    continuations from anchors (realised tokens against the linear rule's prediction from the root
+    estimate the step used); a token-priced method's calibration adds the stage-1 model's value of
+    the continuations each prompt ran (:func:`~trace_core.token_budget.model_prefix_value`, over
+    the prompt's anchors) against the expanded anchors whose branch group holds both outcomes."""
+    model, costs = ledger.cost_model, ledger.costs
+    t = costs.step + 1
+    horizon = prompts.horizon
+    figures = {}
+    if bare_prompt.size:
+        err = cost_error(root_cost[bare_prompt], np.maximum(bare_tokens, 1))
+        figures["tokens/root_cost_error"] = err.mean_relative
+        costs = observe(costs, model, t, bare_tokens, horizon[bare_prompt], None if ids is None else ids[bare_prompt])
+    from_anchor = cont_from_anchor >= 0
+    if from_anchor.any():
+        a = cont_from_anchor[from_anchor]
+        err = cost_error(anchor_cost[a], np.maximum(cont_tokens[from_anchor], 1))
+        figures["tokens/anchor_cost_error"] = err.mean_relative
+        start, turns = cont_start_depth[from_anchor], horizon[cont_prompt[from_anchor]]
+        linear = root_cost[cont_prompt[from_anchor]] * (1.0 - start / turns)
+        costs = observe_continuations(costs, model, t, start, turns, linear, cont_tokens[from_anchor])
+    calibration = ledger.calibration
+    if method.prices_tokens:
+        B = root_cost.shape[0]
+        differs = cont_reward[from_anchor] != anchor_reward[cont_from_anchor[from_anchor]]
+        mixed_anchor = np.bincount(cont_from_anchor[from_anchor], weights=differs, minlength=K.size) > 0
+        realised = float(mixed_anchor.sum())
+        anchors = np.bincount(anchor_prompt, minlength=B).astype(np.float64)
+        continuations = np.bincount(anchor_prompt, weights=K, minlength=B)
+        predicted = float(model_prefix_value(v, anchors, continuations).sum())
+        calibration = calibration.observe(predicted, realised)
+        figures["tokens/rho"] = calibration.rho
+    return TokenLedger(model, costs, calibration), figures
 
 
 def _holds_both(tree: RolloutTree) -> bool:
@@ -829,8 +1045,13 @@ def simulator_metrics(result: StepResult, estimator: AdvantageEstimator) -> dict
     Spearman is reported twice: against the tree-backed targets ``V̂`` (method §5, what a real
     run can log) and against the hidden true ``V`` over the whole pool / every anchor (what only
     a simulator can know). All predictions were made before the predictor saw this step. Beside
-    them: ``turns_generated`` (the simulator's stand-in for tokens) and the share of the prefix
-    budget per position bin (``k_share_pos_<lo>_<hi>``)."""
+    them: ``turns_generated``, the step's simulated tokens under the trainer's names
+    (``budget/generated_tokens``; the mixed groups trained on and the contrastive rollouts per 1,000
+    of them, ``contrast/mixed_per_1k_tokens`` and ``contrast/yield_per_1k_tokens``, which the
+    trees' empty token lists would leave undefined), the mixed groups with the expanded anchors
+    whose branch group holds both outcomes per 1,000 tokens
+    (``mixed_groups_with_anchors_per_1k_tokens``: the token budget's objective, method §10), and
+    the share of the prefix budget per position bin (``k_share_pos_<lo>_<hi>``)."""
     trees = result.trees
     kept = [True] * len(trees) if result.tree_kept is None else [bool(k) for k in result.tree_kept]
     advantages = estimator([t for t, k in zip(trees, kept, strict=True) if k])
@@ -857,6 +1078,15 @@ def simulator_metrics(result: StepResult, estimator: AdvantageEstimator) -> dict
         "spearman_prefix_vs_target": sp.prefix,
         "spearman_root_vs_true": spearman(result.pool_pred, result.pool_value),
         "spearman_anchor_vs_true": spearman(result.anchor_pred, result.anchor_value),
+    })
+    # per generated token: the simulator's tokens (its trees hold no token ids), under the trainer's names
+    tokens = float(result.generated_tokens)
+    groups = out["counts/mixed_groups_trained"] + out["counts/mixed_anchors"]
+    out.update({
+        "budget/generated_tokens": tokens,
+        "contrast/mixed_per_1k_tokens": per_exposure(out["counts/mixed_groups_trained"], tokens, 1000.0),
+        "contrast/yield_per_1k_tokens": per_exposure(out["counts/contrastive_rollouts"], tokens, 1000.0),
+        "mixed_groups_with_anchors_per_1k_tokens": per_exposure(groups, tokens, 1000.0),
     })
     k_share = stats.k_share_by_position
     for b in range(k_share.size):
