@@ -4,10 +4,14 @@ of GRPO (G = 8), PCL, TreePO, TRACE with an oracle, a noisy and a learned predic
 ablations, the history-based and round baselines GRESO, DAPO (both as their authors run them:
 they spend what their rounds sample, reported as ``spent``) and our budget-capped DAPO
 (``dapo-capped``), and the posterior-aware TRACE roots (exact and Thompson) — in both simulator
-modes: fresh i.i.d. prompts every step, and a persistent pool whose prompts recur and drift.
+modes: fresh i.i.d. prompts every step, and a persistent pool whose prompts recur and drift. Both
+budget kinds (method §10): every row above at its trajectory budget, and GRPO, PCL and the
+token-priced ``trace-tokens`` at an equal budget of generated tokens, with mixed groups per 1,000
+generated tokens for all of them.
 
     python bench/contrast.py [--quick] [--workers 2] [--seed 0] [--out bench/results/contrast.json]
     python bench/contrast.py --posterior-sweep --seed 100     # how the posterior's defaults were fixed
+    python bench/contrast.py --quick --token-budget-only      # only the two budget kinds' table
 
 Protocol (fixed before any result was seen; the simulator's defaults are pinned in
 ``trace_core.sim.SimConfig`` and ``PersistentPoolConfig``, the methods' in
@@ -34,6 +38,14 @@ Protocol (fixed before any result was seen; the simulator's defaults are pinned 
   M(1+N)/G prompts and its budget GRPO's M(1+N).
 - Sensitivity (i.i.d.): the Beta parameter a ∈ {0.1, 0.15, 0.3} × the pool factor ∈ {1, 2, 4},
   for GRPO, TreePO, TRACE-oracle and TRACE-learned, at (M, N) = (512, 2).
+- Token budget (method §10): ``T = M(1+N)·E[rollout tokens]`` generated tokens a step (the
+  simulator's expected root rollout, ``trace_core.sim.expected_rollout_tokens``: what a trajectory
+  budget of M(1+N) root rollouts would generate). GRPO and PCL get the groups of G that T buys at
+  the expected costs; ``trace-tokens`` plans its roots and reservation and spends each prompt's
+  allowance. Each row keeps its own cost ledger (``trace_core.sim.TokenLedger``) across its steps.
+  Mixed groups per 1,000 tokens are pooled as counts over the reported steps, the trained mixed
+  prompt groups alone and with the expanded anchors whose branch group holds both outcomes (the
+  token budget's objective).
 - ``--posterior-sweep`` (not part of the reported run): the posterior's prior strength ×
   discount × evidence window on the persistent pool at (M, N) = (256, 2), learned and noisy
   predictors; the pinned defaults are its argmin of pooled rollouts per mixed group (mean over
@@ -91,6 +103,17 @@ ROWS: list[tuple[str, str, str]] = [
     ("vip / learned", "vip", "learned"),
 ]
 MODES = ("iid", "persistent")
+# At an equal budget of generated tokens (method §10): (label, method, predictor kind)
+TOKEN_ROWS: list[tuple[str, str, str]] = [
+    ("grpo", "grpo", "none"),
+    ("pcl / oracle", "pcl", "oracle"),
+    ("pcl / learned", "pcl", "learned"),
+    ("trace-tokens / oracle", "trace-tokens", "oracle"),
+    ("trace-tokens / noisy", "trace-tokens", "noisy"),
+    ("trace-tokens / learned", "trace-tokens", "learned"),
+]
+# Rows of the main table shown beside them at their trajectory budget (the --token-budget-only run runs them too)
+TOKEN_REFERENCE_ROWS = [r for r in ROWS if r[0] in ("grpo", "pcl / oracle", "trace / oracle", "trace / learned")]
 # --posterior-sweep: prior strength s × discount γ × evidence window W (trace-posterior, persistent pool)
 SWEEP_STRENGTHS = (1.0, 2.0, 4.0, 8.0, 16.0)
 SWEEP_DISCOUNTS = (0.5, 0.7, 0.9)
@@ -106,6 +129,10 @@ METRICS = (  # the simulator's step metrics carry the trainer's names (trace_cor
     "spearman_root_vs_true", "spearman_anchor_vs_true", "spearman_root_vs_target", "spearman_prefix_vs_target",
     "rollouts_per_mixed_group", "counts/mixed_groups_trained", "mixed_groups_per_100_rollouts",
     "counts/dropped_groups", "alloc/rounds", "counts/rollouts", "pool_success",
+    "budget/generated_tokens", "contrast/mixed_per_1k_tokens", "contrast/yield_per_1k_tokens",
+    "mixed_groups_with_anchors_per_1k_tokens",
+    "tokens/reservation_share", "tokens/rho", "tokens/extra_roots", "tokens/root_cost_error",
+    "tokens/anchor_cost_error",
 )
 TARGET_ORACLE, TARGET_LEARNED = 2.2, 1.8
 
@@ -128,6 +155,7 @@ class Task:
     seed: int
     mode: str = "iid"  # "iid" (fresh prompts every step) or "persistent" (a recurring, drifting pool)
     posterior: tuple[float, float, int] | None = None  # (prior_strength, discount, evidence_window) override
+    budget: str = "trajectories"  # "trajectories" (M(1+N) a step) or "tokens" (an equal budget of generated tokens)
 
     @property
     def steps(self) -> range:
@@ -143,10 +171,12 @@ class Task:
 def run_task(task: Task) -> dict:
     from trace_core.allocation import BudgetSpec, PosteriorRoots, get_method
     from trace_core.history import PosteriorConfig, PromptHistory
-    from trace_core.sim import PersistentPool, SimConfig, make_predictor, run_step
+    from trace_core.sim import PersistentPool, SimConfig, TokenLedger, make_predictor, run_step
 
     config = SimConfig(difficulty_beta=task.beta)
-    spec = BudgetSpec(task.roots_M, task.expansion_N, pool_factor=task.pool_factor)
+    spec = BudgetSpec(task.roots_M, task.expansion_N, pool_factor=task.pool_factor,
+                      tokens_per_step=token_budget(task, config) if task.budget == "tokens" else None)
+    ledger = TokenLedger.for_config(config)
     kind = "oracle" if task.predictor == "none" else task.predictor
     predictor = make_predictor(kind, config, seed=task.seed, noise_std=task.noise_std)
     cell = [task.seed, task.roots_M, task.expansion_N, task.pool_factor, round(task.beta * 1000)]
@@ -162,7 +192,8 @@ def run_task(task: Task) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     for s in task.steps:
         rng = np.random.default_rng([*cell, s])
-        result = run_step(method, spec, predictor, rng, config, pool=pool, history=history)
+        result = run_step(method, spec, predictor, rng, config, pool=pool, history=history, ledger=ledger)
+        ledger = result.token_ledger
         curve.append(result.metrics["effective_ratio"])
         if pool is not None:
             pool_curve.append(result.pool_success)
@@ -174,9 +205,17 @@ def run_task(task: Task) -> dict:
         "wall_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - c0,
         "effective_ratio_by_step": curve,
+        "tokens_per_step": spec.tokens_per_step,
         "pool_success_by_step": pool_curve,
         "reported": summarise(per_step),
     }
+
+
+def token_budget(task: Task, config: object) -> int:
+    """The equal token budget of a task's shape: M(1+N) expected root rollouts' generated tokens."""
+    from trace_core.sim import expected_rollout_tokens
+
+    return int(round(task.roots_M * (1 + task.expansion_N) * expected_rollout_tokens(config)))
 
 
 def summarise(per_step: list[dict]) -> dict:
@@ -193,6 +232,12 @@ def summarise(per_step: list[dict]) -> dict:
     mixed = sum(m["counts/mixed_groups_trained"] for m in per_step)
     out["rollouts_per_mixed_group_pooled"] = {
         "mean": sum(m["counts/rollouts"] for m in per_step) / mixed if mixed else None, "std": None,
+    }
+    tokens = sum(m["budget/generated_tokens"] for m in per_step)
+    anchors = sum(m["counts/mixed_anchors"] for m in per_step)
+    out["mixed_groups_per_1k_tokens_pooled"] = {"mean": 1000 * mixed / tokens if tokens else None, "std": None}
+    out["mixed_groups_with_anchors_per_1k_tokens_pooled"] = {
+        "mean": 1000 * (mixed + anchors) / tokens if tokens else None, "std": None,
     }
     return out
 
@@ -214,8 +259,13 @@ def build_tasks(args: argparse.Namespace) -> list[Task]:
         return tasks
     for mode in MODES:
         for M, N in args.shapes:
-            for label, method, pred in ROWS:
+            for label, method, pred in TOKEN_REFERENCE_ROWS if args.token_budget_only else ROWS:
                 tasks.append(Task("main", label, method, pred, M, N, 4, 0.15, DEFAULT_NOISE_STD, mode=mode, **common))
+            for label, method, pred in TOKEN_ROWS:
+                tasks.append(Task("tokens", label, method, pred, M, N, 4, 0.15, DEFAULT_NOISE_STD, mode=mode,
+                                  budget="tokens", **common))
+    if args.token_budget_only:
+        return tasks
     M, N = args.sensitivity_shape
     for beta in BETAS:
         for pf in POOL_FACTORS:
@@ -271,6 +321,10 @@ class ResultGrid:
         """A row of the main table (pool factor 4, a = 0.15, the default noise)."""
         return self.runs[self.key("main", label, M, N, mode=mode)]
 
+    def token_run(self, label: str, M: int, N: int, mode: str = "iid") -> dict:
+        """A row run at the equal token budget (pool factor 4, a = 0.15, the default noise)."""
+        return self.runs[self.key("tokens", label, M, N, mode=mode)]
+
     def get(self, group: str, label: str, M: int, N: int, pool_factor: int = 4, beta: float = 0.15,
             noise_std: float = DEFAULT_NOISE_STD, main_label: str | None = None) -> dict:
         """An i.i.d. run of ``group``; where its cell is the main table's (not run twice), the main
@@ -296,7 +350,7 @@ def run_all(tasks: list[Task], workers: int) -> list[dict]:
 def protocol(args: argparse.Namespace) -> dict:
     from trace_core.allocation import DynamicSamplingConfig, get_method
     from trace_core.history import GresoConfig, PosteriorConfig
-    from trace_core.sim import LearnedPredictorConfig, PersistentPoolConfig, SimConfig
+    from trace_core.sim import LearnedPredictorConfig, PersistentPoolConfig, SimConfig, TokenLedger
     from trace_core.vip import VipConfig
 
     def rounds(name: str) -> dict:
@@ -313,6 +367,8 @@ def protocol(args: argparse.Namespace) -> dict:
         "dapo-capped": rounds("dapo-capped"),
         "posterior": dataclasses.asdict(PosteriorConfig()),
         "vip": dataclasses.asdict(VipConfig()),
+        "one_budget": dataclasses.asdict(get_method("trace-tokens").token_rule.config),
+        "cost_model": dataclasses.asdict(TokenLedger.for_config(SimConfig()).cost_model),
         "noise_std_default": DEFAULT_NOISE_STD,
         "group_size_G": 8, "max_per_prompt": 16, "pool_factor": 4,
         "total_steps": args.total_steps, "report_steps": args.report_steps, "seed": args.seed,
@@ -363,7 +419,9 @@ def posterior_sweep(args: argparse.Namespace, tasks: list[Task], results: list[d
 # per table, its columns' decimal places
 MAIN_DIGITS = {"eff": 3, "±sd": 3, "prefix": 3, "yield": 1, "r/mix": 1, "spent": 0, "×GRPO": 2, "prompts": 0,
                "skip": 2,
-               "m": 2, "m+K": 2, "turns": 0, "ρroot": 2, "ρanch": 2, "pool": 3}
+               "m": 2, "m+K": 2, "turns": 0, "tok/step": 0, "mix/1k tok": 3, "ρroot": 2, "ρanch": 2, "pool": 3}
+TOKEN_DIGITS = {"tok/step": 0, "budget": 0, "mix/1k tok": 3, "+anch/1k tok": 3, "eff": 3, "rollouts": 0,
+                "reserve": 2, "ρ": 2, "root err": 2, "anchor err": 2}
 BOTH_MODES_DIGITS = {"eff iid": 3, "eff pers": 3, "r/mix iid": 1, "r/mix pers": 1, "yield iid": 1,
                      "yield pers": 1, "pool": 3}
 SENS_DIGITS = {"grpo": 3, "treepo": 3, "trace/or": 3, "trace/lrn": 3, "or×": 2, "lrn×": 2, "y grpo": 1,
@@ -384,7 +442,8 @@ def main_row(label: str, res: dict, grpo_eff: float, persistent: bool) -> dict:
         "×GRPO": eff / grpo_eff,
         "prompts": mean_of(res, "counts/activated"), "skip": mean_of(res, "alloc/skipped_share"),
         "m": mean_of(res, "alloc/mean_m_selected"), "m+K": mean_of(res, "alloc/mean_rollouts_selected"),
-        "turns": mean_of(res, "turns_generated"), "ρroot": mean_of(res, "spearman_root_vs_true"),
+        "turns": mean_of(res, "turns_generated"), "tok/step": mean_of(res, "budget/generated_tokens"),
+        "mix/1k tok": mean_of(res, "mixed_groups_per_1k_tokens_pooled"), "ρroot": mean_of(res, "spearman_root_vs_true"),
         "ρanch": mean_of(res, "spearman_anchor_vs_true"),
     }
     if persistent:
@@ -417,6 +476,43 @@ def print_main_tables(args: argparse.Namespace, grid: ResultGrid) -> dict:
             shape_out = print_main_table(args, grid, mode, M, N)
             summary["shapes" if mode == "iid" else "persistent_shapes"][f"{M},{N}"] = shape_out
     return summary
+
+
+def token_row(label: str, kind: str, res: dict, budget: float | None) -> dict:
+    """One line of the two budget kinds' table."""
+    return {
+        "method / predictor": label, "budget kind": kind, "budget": budget,
+        "tok/step": mean_of(res, "budget/generated_tokens"),
+        "mix/1k tok": mean_of(res, "mixed_groups_per_1k_tokens_pooled"),
+        "+anch/1k tok": mean_of(res, "mixed_groups_with_anchors_per_1k_tokens_pooled"),
+        "eff": mean_of(res, "effective_ratio"), "rollouts": mean_of(res, "counts/rollouts"),
+        "reserve": mean_of(res, "tokens/reservation_share"), "ρ": mean_of(res, "tokens/rho"),
+        "root err": mean_of(res, "tokens/root_cost_error"), "anchor err": mean_of(res, "tokens/anchor_cost_error"),
+    }
+
+
+def print_token_tables(args: argparse.Namespace, grid: ResultGrid) -> dict:
+    """Per mode and shape: the reference rows at their trajectory budget and the token rows at the
+    equal token budget; returns the results' "token_budget"."""
+    out: dict = {}
+    for mode in MODES:
+        for M, N in args.shapes:
+            rows, shape_out = [], {}
+            budget = None
+            for label, _, _ in TOKEN_REFERENCE_ROWS:
+                rows.append(token_row(label, f"{M * (1 + N)} traj.", grid.main_run(label, M, N, mode), None))
+            for label, _, _ in TOKEN_ROWS:
+                res = grid.token_run(label, M, N, mode)
+                budget = res["tokens_per_step"]
+                rows.append(token_row(label, "tokens", res, budget))
+                shape_out[label] = res
+            print_figures(rows, f"[{mode}] (M, N) = ({M}, {N}): both budget kinds — trajectories M(1+N), or "
+                                f"{budget} generated tokens a step (M(1+N) expected root rollouts); mixed groups per "
+                                "1,000 generated tokens pooled over the reported steps (+anch: with the mixed "
+                                "expanded anchors); reserve: trace-tokens' reserved share; ρ: its calibration; err: "
+                                "relative error of the cost estimates", TOKEN_DIGITS)
+            out[f"{mode}/{M},{N}"] = shape_out
+    return out
 
 
 def print_both_modes(args: argparse.Namespace, grid: ResultGrid) -> None:
@@ -542,6 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--posterior-sweep", action="store_true",
                         help="only the posterior's tuning sweep (how its pinned defaults were chosen)")
+    parser.add_argument("--token-budget-only", action="store_true",
+                        help="only the two budget kinds' table (a few reference rows at M(1+N) trajectories, GRPO, "
+                             "PCL and trace-tokens at the equal token budget)")
     return parser
 
 
@@ -566,7 +665,8 @@ def parse_args() -> argparse.Namespace:
     if sim.DEFAULT_NOISE_STD != DEFAULT_NOISE_STD:
         raise SystemExit(f"DEFAULT_NOISE_STD here ({DEFAULT_NOISE_STD}) differs from the simulator's")
     set_scale(args)
-    name = "contrast.posterior_sweep" if args.posterior_sweep else "contrast"
+    name = ("contrast.posterior_sweep" if args.posterior_sweep else "contrast.token_budget" if args.token_budget_only
+            else "contrast")
     args.out = args.out or Path("bench/results") / (f"{name}_quick.json" if args.quick else f"{name}.json")
     return args
 
@@ -607,8 +707,19 @@ def main() -> int:
         return posterior_sweep(args, tasks, results, wall)
 
     grid = ResultGrid(tasks, results)
+    if args.token_budget_only:
+        payload = {"command": "python " + " ".join(sys.argv), "quick": args.quick, "wall_s": wall,
+                   "protocol": {**protocol(args), "shapes": args.shapes, "modes": list(MODES)},
+                   "token_budget": print_token_tables(args, grid),
+                   "reference": {f"{t.mode}/{t.roots_M},{t.expansion_N}/{t.label}": r
+                                 for t, r in zip(tasks, results, strict=True) if t.group == "main"}}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(_clean(payload), indent=1, allow_nan=False))
+        print(f"\nwall {wall:.1f} s; wrote {args.out}")
+        return 0
     summary = print_main_tables(args, grid)
     print_both_modes(args, grid)
+    summary["token_budget"] = print_token_tables(args, grid)
     summary["targets"] = print_targets(args, grid)
     print_k_by_position(args, grid)
     summary["sensitivity"] = print_sensitivity(args, grid)
