@@ -293,19 +293,24 @@ def provenance(runs: list[dict], start: dict) -> dict:
 def cmd_table(args: argparse.Namespace) -> dict:
     records = Path(args.records)
     runs, start = load_records(records)
+    if args.seeds is not None:  # a view over these seeds only, so every method's figures share them
+        if not args.out:
+            raise SystemExit("table --seeds: give --out (a view over some seeds must not replace the committed table)")
+        runs = [r for r in runs if r["seed"] in args.seeds]
     truth, k = testbed_truth(start, Path(args.spread))
     table = build_table(runs, start, truth, k or 8)
     table["provenance"] = provenance(runs, start)
     table["settings"] = {key: runs[0]["settings"][key] for key in ("steps", "lr", "pool_k", "measure_at",
                                                                     "roots_M", "expansion_N", "max_m")} if runs else {}
-    out = records / "table.json"
+    out = Path(args.out) if args.out else records / "table.json"
+    figure = out.with_suffix(".png") if args.out else records / "learning.png"
     write_json(out, table)
     print_table(table)
     if not args.no_plot:
-        plot(runs, start, records / "learning.png")
+        plot(runs, start, figure)
     if args.mlflow:
-        log_to_mlflow(args.mlflow, out, records / "learning.png", runs, start)
-    print(f"wrote {out}" + ("" if args.no_plot else f" and {records / 'learning.png'}"))
+        log_to_mlflow(args.mlflow, out, figure, runs, start)
+    print(f"wrote {out}" + ("" if args.no_plot else f" and {figure}"))
     return table
 
 
@@ -432,6 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--spread", default="bench/results/testbed.json",
                        help="the testbed's measured spread (truth for the truly-mixed reading)")
     table.add_argument("--no-plot", action="store_true")
+    table.add_argument("--seeds", type=int, nargs="+", default=None,
+                       help="only the records of these seeds (e.g. the seeds every compared method has); "
+                            "write the view with --out, not over the committed table")
+    table.add_argument("--out", default=None, help="where to write the table JSON (default: RECORDS/table.json)")
     table.add_argument("--mlflow", default=None, help="also log the table and plot to this MLflow tracking URI")
     return ap
 
