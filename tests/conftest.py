@@ -121,21 +121,26 @@ WARM_TRAIN_TASKS = 4  # training tasks per family the session's warm checkpoint 
 
 
 @pytest.fixture(scope="session")
-def warm_checkpoint(tmp_path_factory):
+def warm_checkpoint(tmp_path_factory, kb_qa_index):
     """A tiny policy warm-started on the first WARM_TRAIN_TASKS training tasks of math and QA until
     it reproduces their demonstrations (full-demonstration SFT, 100 epochs; loss ~0.003): on those
-    tasks it is an RL starting point with mixed rewards (its demonstrations carry the expert's
-    errors, and the real tools answer differently from the expert's stand-ins); on held-out tasks it
-    has the turn format but not the skill. Positions for BFCL's ~10k-token prompts; its ``init/``
-    sibling is the random model it started from."""
+    tasks it is an RL starting point with mixed rewards by construction. The demonstrations see the
+    real tools' observations (the sandbox, the session's dense index), so a rollout's context is the
+    one the policy was fitted to; fitted to the experts' stand-in observations instead, it garbles its
+    QA turns once the retriever's passages differ and succeeds on ~1 QA rollout in 32. The error draw
+    (seed 1) corrupts one demonstration per family (asserted below), so a faithful policy fails there
+    and succeeds elsewhere. On held-out tasks it has the turn format but not the skill. Positions for
+    BFCL's ~10k-token prompts; its ``init/`` sibling is the random model it started from."""
     import dataclasses
 
+    from trace_core.warmstart.demos import DemoConfig
     from trace_core.warmstart.pipeline import FULL_SFT, WarmStartConfig, run_warm_start
     from trace_core.warmstart.policy import WARM_MODEL
 
     out = tmp_path_factory.mktemp("warm")
     config = WarmStartConfig(
         data_dir=str(DATA), out_dir=str(out), families=("math", "qa"), train_tasks=WARM_TRAIN_TASKS, eval_tasks=0,
+        real_observations=True, qa_index=str(kb_qa_index[0]), demos=DemoConfig(seed=1),
         model=dataclasses.replace(WARM_MODEL, max_position_embeddings=32_768),  # room for BFCL's ~10k-token prompts
         view_sft=None,
         sft=dataclasses.replace(FULL_SFT, lr=5e-3, epochs=100.0, batch_size=WARM_TRAIN_TASKS, warmup_steps=10,
@@ -143,6 +148,8 @@ def warm_checkpoint(tmp_path_factory):
     with batched_threads():
         report = run_warm_start(config)
     assert report["sft"]["full"]["last10_loss"] < 0.05, report["sft"]
+    # Both families' demonstrations are part right, part wrong: the rewards' mix is demonstrated.
+    assert all(0 < report["demos"][f]["correct_rate"] < 1 for f in ("math", "qa")), report["demos"]
     return Path(report["policy_dir"])
 
 

@@ -4,8 +4,8 @@ Episodes are driven three ways: by a scripted expert — a test double of the *e
 reads each request's history and writes the expert's next action as token ids (right or wrong
 depending on the sample's seed, so trees hold both rewards) —, by the session's warm-started tiny
 policy (``conftest.warm_checkpoint``) sampled at T = 1 on the training tasks it was fitted to, whose
-rewards are mixed by themselves, and by the random tiny Qwen3 on the transformers engine, whose
-garbage the loop must survive. The environments, executor,
+rewards are mixed because it reproduces demonstrations of which some are wrong, and by the random
+tiny Qwen3 on the transformers engine, whose garbage the loop must survive. The environments, executor,
 sandbox, retriever and BFCL backends/checker are all real.
 
 Every trajectory's reward is checked against an independent replay of its whole root-to-leaf
