@@ -119,6 +119,92 @@ def code_digest(*modules: str) -> str:
     return digest.hexdigest()[:20]
 
 
+CODE_ROOTS = ("trace_core", "pipelines", "components")  # the project's own packages; others are pinned by the lock
+
+
+def _module_file(name: str) -> Path | None:
+    """Source file of module ``name`` (located, not imported), or None for a name that is not a
+    module (an attribute imported with ``from pkg import name``)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a parent that is a module, not a package
+        return None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin)
+
+
+def _imports_of(name: str, path: Path) -> set[str]:
+    """Every module ``name``'s source may import: ``import x``/``from x import y`` anywhere in the
+    file (inside functions too: this code base imports heavy parts lazily), relative ones
+    resolved, and ``from pkg import y`` counted as ``pkg.y`` where that is a module; a string that
+    names a module (``python -m pkg.mod``, ``import_module``) or a sibling file (a script the module
+    runs by path, ``"_runner.py"``) counts as an import too. A package
+    whose ``__init__`` defines a module-level ``__getattr__`` (PEP 562) can import any of its
+    submodules on attribute access, so importing it brings the whole package."""
+    import ast
+
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.endswith(".py") and (path.parent / node.value).is_file():  # a sibling run by path
+                found.add(f"{package}.{node.value[:-3]}")
+            elif node.value.replace(".", "").replace("_", "").isalnum() and "." in node.value:
+                found.add(node.value)  # a module named in a string: ``python -m pkg.mod``, import_module
+    if path.name == "__init__.py" and any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__"
+                                          for n in tree.body):
+        found.update(f"{name}.{f.stem}" if f.name != "__init__.py" else name
+                     for f in path.parent.glob("*.py"))
+    return found
+
+
+def import_closure(*entries: str, roots: tuple[str, ...] = CODE_ROOTS) -> dict[str, Path]:
+    """The modules of ``roots`` that ``entries`` import, directly or through one another, read
+    statically from the source (nothing is imported); each with its file. A module's parent
+    packages are in it too (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__``)."""
+    closure: dict[str, Path] = {}
+    pending = list(entries)
+    for entry in entries:
+        if _module_file(entry) is None:
+            raise ValueError(f"module {entry!r} not found")
+    while pending:
+        name = pending.pop()
+        if name in closure or name.split(".")[0] not in roots:
+            continue
+        path = _module_file(name)
+        if path is None:
+            continue
+        closure[name] = path
+        parts = name.split(".")
+        pending.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+        pending.extend(_imports_of(name, path))
+    return dict(sorted(closure.items()))
+
+
+def closure_digest(*entries: str) -> str:
+    """sha256 over the source of :func:`import_closure` of ``entries``: a step's code fingerprint
+    follows every module its entry can run, and no other."""
+    digest = hashlib.sha256()
+    for name, path in import_closure(*entries).items():
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:20]
+
+
 def lineage_tags(*, dvc_data_hash: str, kfp_run_id: str, config: Any, repo: str | Path | None = None) -> dict[str, str]:
     """The five lineage tags of an MLflow run (module docstring)."""
     return {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -67,6 +68,69 @@ def test_code_digest_follows_the_source(tmp_path: Path, monkeypatch: pytest.Monk
     assert code_digest("digestpkg") == first
     with pytest.raises(ValueError, match="not found"):
         code_digest("no_such_module_here")
+
+
+def test_import_closure_follows_every_way_this_code_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.lineage import import_closure
+
+    files = {
+        "clospkg/__init__.py": "",
+        "clospkg/entry.py": "from . import near\n\ndef run():\n    from clospkg.sub import lazy\n"
+                            "    import subprocess\n    subprocess.run(['python', '-m', 'clospkg.by_name'])\n"
+                            "    return 'helper.py'\n",
+        "clospkg/near.py": "from clospkg.lazyload import Thing\n",
+        "clospkg/helper.py": "X = 1\n",  # run by path from entry
+        "clospkg/by_name.py": "",
+        "clospkg/sub/__init__.py": "",
+        "clospkg/sub/lazy.py": "from ..deep import value\n",
+        "clospkg/deep.py": "value = 1\n",
+        "clospkg/lazyload/__init__.py": "def __getattr__(name):\n    raise AttributeError(name)\n",
+        "clospkg/lazyload/part.py": "",
+        "clospkg/unused.py": "import clospkg.entry\n",  # imports the entry; the entry does not import it
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    closure = import_closure("clospkg.entry", roots=("clospkg",))
+    assert set(closure) == {"clospkg", "clospkg.entry", "clospkg.near", "clospkg.helper", "clospkg.by_name",
+                            "clospkg.sub", "clospkg.sub.lazy", "clospkg.deep", "clospkg.lazyload",
+                            "clospkg.lazyload.part"}
+    assert closure["clospkg.deep"] == tmp_path / "clospkg" / "deep.py"
+    with pytest.raises(ValueError, match="not found"):
+        import_closure("clospkg.missing", roots=("clospkg",))
+
+
+def _step_digests(root: Path) -> dict[str, str]:
+    """Each pipeline step's code digest over the copy of the project at ``root`` (a fresh
+    interpreter, so ``root``'s packages are the ones found)."""
+    import subprocess
+
+    steps = ["train", "evaluate", "compare", "warm_start", "build_retriever_index"]
+    script = ("import json; from pipelines.lineage import closure_digest; "
+              f"print(json.dumps({{s: closure_digest('pipelines.steps.' + s) for s in {steps!r}}}))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_a_step_reruns_when_code_it_imports_changes_and_only_then(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[1]
+    for package in ("trace_core", "pipelines", "components"):
+        shutil.copytree(repo / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = _step_digests(tmp_path)
+    # The tiny models' weight draw: the trainer reaches it only through other modules.
+    models = tmp_path / "trace_core" / "models.py"
+    models.write_bytes(models.read_bytes() + b"\n")
+    after_models = _step_digests(tmp_path)
+    assert after_models["train"] != before["train"] and after_models["warm_start"] != before["warm_start"]
+    # The warm start's SFT loop: the trainer never imports it, so a trained result is reused.
+    sft = tmp_path / "trace_core" / "warmstart" / "sft.py"
+    sft.write_bytes(sft.read_bytes() + b"\n")
+    after_sft = _step_digests(tmp_path)
+    assert after_sft["warm_start"] != after_models["warm_start"]
+    assert {k: v for k, v in after_sft.items() if k != "warm_start"} == {
+        k: v for k, v in after_models.items() if k != "warm_start"}
 
 
 def test_stage_cache_reuses_only_complete_entries(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.lineage import StageCache, code_digest, copy_tree, fingerprint, lineage_tags
+from pipelines.lineage import StageCache, closure_digest, copy_tree, fingerprint, lineage_tags
 from pipelines.steps.artifacts import ArtifactRef, StepContext
 
 STAGE = "build_retriever_index"
@@ -27,7 +27,7 @@ def run_build_retriever_index(data: ArtifactRef, cfg: dict[str, Any], ctx: StepC
 
     config = RetrieverConfig(encoder=cfg["encoder"], index_type=cfg["index_type"], batch_size=cfg["batch_size"])
     passages = load_corpus(Path(data.path) / "qa" / "corpus.jsonl")  # validated again: the suite is cheap
-    fp = fingerprint(STAGE, corpus_sha256(passages), cfg, code_digest("trace_core.retrieval"))
+    fp = fingerprint(STAGE, corpus_sha256(passages), cfg, closure_digest(__name__))
     cache = StageCache(ctx.workspace, enabled=ctx.reuse)
     record = cache.lookup(STAGE, fp)
     if record is None:

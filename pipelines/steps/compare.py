@@ -8,15 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.lineage import StageCache, code_digest, fingerprint, lineage_tags
+from pipelines.lineage import StageCache, closure_digest, fingerprint, lineage_tags
 from pipelines.steps.artifacts import ArtifactRef, StepContext
 
 if TYPE_CHECKING:
     from trace_core.tracking import Tracker
 
 STAGE = "compare"
-# The modules whose source writes the comparison (a change to any of them rewrites it).
-COMPARE_CODE = ("pipelines.steps.compare", "trace_core.training.summary", "trace_core.evaluation")
 COST_HEAD = ("Method", "s/step", "rollout share", "policy opt. share", "predictor share", "MLflow run")
 
 
@@ -60,7 +58,7 @@ def run_compare(reports: list[ArtifactRef], methods: list[str], ctx: StepContext
     missing = [m for m in methods if m not in loaded]
     if missing:
         raise ValueError(f"no report for methods {missing}; got {sorted(loaded)}")
-    fp = fingerprint(STAGE, [loaded[m][1]["fingerprint"] for m in methods], methods, code_digest(*COMPARE_CODE))
+    fp = fingerprint(STAGE, [loaded[m][1]["fingerprint"] for m in methods], methods, closure_digest(__name__))
     cache = StageCache(ctx.workspace, enabled=ctx.reuse)
     record = cache.lookup(STAGE, fp)
     if record is None:

@@ -7,11 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.lineage import StageCache, code_digest, copy_tree, fingerprint
+from pipelines.lineage import StageCache, closure_digest, copy_tree, fingerprint
 from pipelines.steps.artifacts import ArtifactRef, StepContext
-
-# The modules whose source defines an evaluation result.
-EVALUATION_CODE = ("trace_core.evaluation", "trace_core.rollout", "trace_core.envs")
 
 
 @dataclass(frozen=True)
@@ -35,7 +32,7 @@ def run_evaluate(trained: ArtifactRef, data: ArtifactRef, index: ArtifactRef, st
     family = train_cfg["task"]["family"]
     names = step["benchmarks"] or list(FAMILY_DEFAULTS[family])
     fp = fingerprint("evaluate", trained.metadata["fingerprint"], index.metadata["fingerprint"], step, names,
-                     train_cfg["agent"], train_cfg["task"]["envs"], code_digest(*EVALUATION_CODE))
+                     train_cfg["agent"], train_cfg["task"]["envs"], closure_digest(__name__))
     stage = f"evaluate-{method}"
     cache = StageCache(ctx.workspace, enabled=ctx.reuse)
     record = cache.lookup(stage, fp)

@@ -10,16 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.lineage import StageCache, code_digest, copy_tree, fingerprint, lineage_tags
+from pipelines.lineage import StageCache, closure_digest, copy_tree, fingerprint, lineage_tags
 from pipelines.steps.artifacts import ArtifactRef, StepContext
 
 if TYPE_CHECKING:
     from trace_core.training.config import TrainConfig
 
-# The modules whose source defines a training result (a change to any of them retrains).
-TRAINING_CODE = ("trace_core.training", "trace_core.rollout", "trace_core.predictor", "trace_core.envs",
-                 "trace_core.allocation", "trace_core.advantages", "trace_core.metrics", "trace_core.tree",
-                 "trace_core.history", "trace_core.tree_packing", "trace_core.seeding")
 # What the trained artifact holds, copied from the run directory.
 TRAINED_FILES = ("policy", "summary.json", "history.json", "cost_breakdown.txt", "train_config.yaml", "allocations")
 
@@ -58,7 +54,7 @@ def run_train(method: str, data: ArtifactRef, index: ArtifactRef, warm_policy: A
     defining = defining_config(raw)
     fp = fingerprint("train", method, defining, warm_policy.metadata["fingerprint"], data.metadata["fingerprint"],
                      index.metadata["fingerprint"], testbed.metadata.get("fingerprint", ""), placement.gpus,
-                     placement.nodes, code_digest(*TRAINING_CODE))
+                     placement.nodes, closure_digest(__name__))  # all the code it can run
     stage = f"train-{method}"
     cache = StageCache(ctx.workspace, enabled=ctx.reuse)
     record = cache.lookup(stage, fp)

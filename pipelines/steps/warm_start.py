@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.lineage import StageCache, code_digest, copy_tree, fingerprint, lineage_tags, tree_digest
+from pipelines.lineage import StageCache, closure_digest, copy_tree, fingerprint, lineage_tags, tree_digest
 from pipelines.steps.artifacts import ArtifactRef, StepContext
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def run_warm_start(data: ArtifactRef, index: ArtifactRef, cfg: dict[str, Any], a
     else:
         origin = "sft"
         fp = fingerprint(STAGE, origin, data.metadata["fingerprint"], cfg, agent,
-                         code_digest("trace_core.warmstart", "trace_core.models"))
+                         closure_digest(__name__))
     cache = StageCache(ctx.workspace, enabled=ctx.reuse)
     record = cache.lookup(STAGE, fp)
     if record is None:
