@@ -16,7 +16,7 @@ export DVC_NO_ANALYTICS := 1
 export MPLBACKEND := Agg
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test venv data lint system-deps ui faults bench bench-allocation bench-contrast clean-venv lock help
+.PHONY: run test venv data lint system-deps ui faults bench-allocation bench-contrast clean-venv lock help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'

@@ -109,7 +109,7 @@ def run_stage(name: str, cfg: PipelineConfig, method: str | None = None, out: Pa
         table = _artifact("markdown", out / "compare" / "table.md")
         result = json.loads(_fn("compare")(reports=reports, methods=list(cfg.methods), kfp_run_id=run_id, table=table,
                                            **common))
-        _compare_files(out / "compare", [json.loads(Path(r.path).read_text()) for r in reports], cfg.methods)
+        _compare_files(out, [json.loads(Path(r.path).read_text()) for r in reports], cfg.methods)
         print(result["table"])
 
 
@@ -125,8 +125,10 @@ def _finite(metrics: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def _compare_files(folder: Path, reports: list[dict[str, Any]], methods: list[str]) -> None:
-    """DVC metrics (``metrics.json``) and plots (``effective_ratio.csv``: one column per method)."""
+def _compare_files(out: Path, reports: list[dict[str, Any]], methods: list[str]) -> None:
+    """DVC metrics (``metrics.json``) and plots (``effective_ratio.csv``: one column per method)
+    under ``out/compare``, the histories read from the train stages under the same ``out``."""
+    folder = out / "compare"
     by_method = dict(zip(methods, reports, strict=True))
     metrics = {m: _finite({"eval_score": r["score"], "effective_ratio": r["means"].get("effective_ratio", math.nan),
                            "seconds_per_step": r["means"].get("cost/step_s", math.nan),
@@ -135,7 +137,7 @@ def _compare_files(folder: Path, reports: list[dict[str, Any]], methods: list[st
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True))
     histories = {}
     for m in methods:
-        trained = OUT / "train" / m / "trained" / "history.json"
+        trained = out / "train" / m / "trained" / "history.json"
         histories[m] = json.loads(trained.read_text()).get("effective_ratio", []) if trained.is_file() else []
     steps = max((len(h) for h in histories.values()), default=0)
     with (folder / "effective_ratio.csv").open("w", newline="") as fh:

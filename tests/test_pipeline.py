@@ -440,6 +440,24 @@ def test_dvc_repro_in_a_fresh_clone_then_nothing_to_do(tmp_path: Path) -> None:
     assert (clone / "runs/dvc/compare/table.md").read_text().count("| trace |") == 3  # signal, cost, evaluation
 
 
+def test_the_compare_stage_reads_histories_under_its_own_output_folder(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.stages import _compare_files
+
+    out = tmp_path / "elsewhere"
+    (out / "compare").mkdir(parents=True)
+    for method, ratios in (("grpo", [0.25, 0.5]), ("trace", [0.5])):
+        (out / "train" / method / "trained").mkdir(parents=True)
+        (out / "train" / method / "trained" / "history.json").write_text(json.dumps({"effective_ratio": ratios}))
+    monkeypatch.chdir(tmp_path)  # nothing under the default runs/dvc here
+    reports = [{"score": 0.5, "means": {"effective_ratio": 0.375}, "cost_shares": {}},
+               {"score": 0.25, "means": {"effective_ratio": 0.5}, "cost_shares": {}}]
+    _compare_files(out, reports, ["grpo", "trace"])
+    rows = (out / "compare" / "effective_ratio.csv").read_text().splitlines()
+    assert rows == ["step,grpo,trace", "0,0.25,0.5", "1,0.5,"]
+    assert json.loads((out / "compare" / "metrics.json").read_text())["trace"]["effective_ratio"] == 0.5
+
+
 # ------------------------------------------------------------------------------------ submit / schedule
 class _KFPApi:
     """A Kubeflow Pipelines REST endpoint (v2beta1) on a local port that records what it is sent:

@@ -37,7 +37,7 @@ rather than replay because the backends seed their own ``random.Random`` and rea
 a copy carries their exact state.
 
 The checker keeps backend instances in its module's globals, keyed by model name and entry id
-(deps.md §10): every check here uses a fresh model name and deletes its instances afterwards.
+(the checker's own design, not ours): every check here uses a fresh model name and deletes its instances afterwards.
 """
 
 from __future__ import annotations
