@@ -269,7 +269,7 @@ def stage_trace_steps(work: Path, sizes: CheckSizes) -> dict:
     trainer = Trainer(cfg, tracker=tracker)
     init_s = time.perf_counter() - t0
     summary = trainer.run()
-    hist = trainer.state.history or {}
+    hist = trainer.state.history
     step_s = hist.get("cost/step_s", [])
     gen = hist.get("budget/generated_tokens", [])
     trained = hist.get("policy/trained_tokens", [])

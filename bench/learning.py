@@ -205,7 +205,7 @@ def run_one(variant: str, seed: int, args: argparse.Namespace, engine: SharedEng
     t0 = time.perf_counter()
     trainer = Trainer(cfg, engine=engine.get())
     summary = trainer.run()
-    history = trainer.state.history or {}
+    history = trainer.state.history
     heldout = measure_heldout(trainer, tasks_heldout, args.heldout_k)
     pool = [{"step": s, "samples": args.pool_k,
              "successes": per_prompt_successes(out / "pool_success" / f"step{s:05d}.json", args.pool_k)}

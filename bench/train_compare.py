@@ -211,7 +211,7 @@ def run_one(variant: str, seed: int, args, engine, start_record: dict | None) ->
     t0 = time.perf_counter()
     trainer = Trainer(cfg, engine=engine)
     summary = trainer.run()
-    history = trainer.state.history or {}
+    history = trainer.state.history
     pool = sorted(([start_record] if start_record else []) + list(summary["pool_success"]), key=lambda r: r["step"])
     return {"variant": variant, "method": method, "seed": seed, "wall_s": time.perf_counter() - t0,
             "series": {k: history.get(k, []) for k in (*ROW_KEYS, "reward/mean", *COUNT_KEYS)},

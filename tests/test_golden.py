@@ -47,7 +47,7 @@ def run_record(method: str, engine, model_dir: Path, out: Path) -> dict[str, Any
     cfg = load_config(TrainConfig, None, [*overrides, "engine.kind=hf", "seed=3"])
     trainer = Trainer(cfg, engine=engine)
     trainer.run()
-    history = trainer.state.history or {}
+    history = trainer.state.history
     steps = []
     for step in range(cfg.steps):
         trees = load_trees(out / "trees" / f"step{step:05d}.jsonl.gz")

@@ -121,7 +121,7 @@ class TrainerState:
     position: int = 0  # data cursor: index in this epoch's order
     order: list[int] | None = None  # this epoch's prompt order (None: not drawn yet)
     run_id: str | None = None  # MLflow run
-    history: dict[str, list[float]] | None = None  # per-step metrics kept for the plots
+    history: dict[str, list[float]] = field(default_factory=dict)  # per-step metrics kept for the plots
     pending: list[dict[str, Any]] = field(default_factory=list)  # steps checkpointed, not yet logged
     # files under the output dir that checkpointed steps wrote and the tracker has not yet taken
     # (each step's trees, its allocation record), as [relative path, artifact folder]
@@ -214,7 +214,7 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.policy_model)
         self._prompt_ids: dict[str, list[int]] = {}
         self._check_prompt_lengths([*self.tasks, *self._warmup_tasks], where)
-        self.state = TrainerState(history={})
+        self.state = TrainerState()
         self.prompt_history = PromptHistory()
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -525,7 +525,7 @@ class Trainer:
             metrics = {**out, **self.profiler.end_step()}
             self.state.step = step + 1
             for key, value in metrics.items():
-                self.state.history.setdefault(key, []).append(float(value))  # type: ignore[union-attr]
+                self.state.history.setdefault(key, []).append(float(value))
             self.state.pending.append({"step": step, "timestamp": int(time.time() * 1000), "metrics": metrics})
             # Every tree of the step, and its allocation, on disk before the checkpoint that
             # records them as pending: a crash after it loses neither.
@@ -568,7 +568,7 @@ class Trainer:
     def _finish(self, last: dict[str, float]) -> dict[str, Any]:
         from trace_core.training.plots import training_plots
 
-        for name, fig in training_plots(self.state.history or {}).items():
+        for name, fig in training_plots(self.state.history).items():
             self.tracker.log_figure(fig, f"plots/{name}.png")
             import matplotlib.pyplot as plt  # there are figures, so matplotlib is there
 
@@ -619,6 +619,8 @@ class Trainer:
 
     def _load_trainer_state(self, path: Path) -> None:
         data = json.loads((path / STATE_FILE).read_text())
+        if data.get("history") is None:  # a checkpoint written when the field could be null
+            data["history"] = {}
         self.state = TrainerState(**data)
         self.prompt_history = (PromptHistory() if self.state.root_outcomes is None
                                else PromptHistory.from_dict(self.state.root_outcomes))
