@@ -122,18 +122,30 @@ def code_digest(*modules: str) -> str:
 CODE_ROOTS = ("trace_core", "pipelines", "components")  # the project's own packages; others are pinned by the lock
 
 
-def _module_file(name: str) -> Path | None:
-    """Source file of module ``name`` (located, not imported), or None for a name that is not a
-    module (an attribute imported with ``from pkg import name``)."""
+def _package_dirs(roots: tuple[str, ...]) -> dict[str, Path]:
+    """Where each top-level package of ``roots`` lives (a top-level lookup imports nothing)."""
     import importlib.util
 
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):  # a parent that is a module, not a package
+    dirs = {}
+    for root in roots:
+        spec = importlib.util.find_spec(root)
+        if spec is not None and spec.origin is not None and spec.origin.endswith("__init__.py"):
+            dirs[root] = Path(spec.origin).parent
+    return dirs
+
+
+def _module_file(name: str, package_dirs: dict[str, Path]) -> Path | None:
+    """Source file of module ``name`` under ``package_dirs``, found by path alone (a dotted
+    ``find_spec`` would import the parent packages), or None for a name that is no module there
+    (an attribute imported with ``from pkg import name``, or another project's module)."""
+    top, *rest = name.split(".")
+    if top not in package_dirs:
         return None
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-        return None
-    return Path(spec.origin)
+    path = package_dirs[top].joinpath(*rest)
+    for candidate in (path / "__init__.py", path.with_suffix(".py") if rest else None):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
 
 
 def _imports_of(name: str, path: Path) -> set[str]:
@@ -177,16 +189,17 @@ def import_closure(*entries: str, roots: tuple[str, ...] = CODE_ROOTS) -> dict[s
     """The modules of ``roots`` that ``entries`` import, directly or through one another, read
     statically from the source (nothing is imported); each with its file. A module's parent
     packages are in it too (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__``)."""
+    package_dirs = _package_dirs(roots)
+    for entry in entries:
+        if _module_file(entry, package_dirs) is None:
+            raise ValueError(f"module {entry!r} not found under {roots}")
     closure: dict[str, Path] = {}
     pending = list(entries)
-    for entry in entries:
-        if _module_file(entry) is None:
-            raise ValueError(f"module {entry!r} not found")
     while pending:
         name = pending.pop()
-        if name in closure or name.split(".")[0] not in roots:
+        if name in closure:
             continue
-        path = _module_file(name)
+        path = _module_file(name, package_dirs)
         if path is None:
             continue
         closure[name] = path
