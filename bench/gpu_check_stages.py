@@ -69,7 +69,7 @@ GPU = CheckSizes(
     engine_model=dict(QWEN3_06B_LAYER, num_hidden_layers=28, init_std=0.02),
     trace_steps=3,
     trace_overrides=("budget.roots_M=16", "budget.expansion_N=2", "budget.group_size_G=8",
-                     "budget.max_per_prompt=16", "budget.pool_factor=2", "task.fixed_turns=3",
+                     "budget.max_per_prompt=16", "budget.pool_factor=2", "task.envs.fixed_turns.turns=3",
                      "agent.max_new_tokens=16", "policy.dist_backend=nccl", "policy.dtype=bfloat16",
                      "predictor.device=cuda"),
     # Qwen3-0.6B's widths and full 151,936 vocabulary, 8 of its 28 layers, untied: 0.44B parameters
@@ -84,7 +84,7 @@ CPU = CheckSizes(
     engine_requests=2, engine_samples=2, engine_new_tokens=6,
     trace_steps=2,
     trace_overrides=("budget.roots_M=4", "budget.expansion_N=1", "budget.group_size_G=4", "budget.max_per_prompt=4",
-                     "budget.pool_factor=1", "task.fixed_turns=2", "agent.max_new_tokens=6",
+                     "budget.pool_factor=1", "task.envs.fixed_turns.turns=2", "agent.max_new_tokens=6",
                      "policy.dist_backend=gloo", "predictor.device=cpu"),
     tree_model=dict(vocab_size=4096, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192),
@@ -256,7 +256,7 @@ def stage_trace_steps(work: Path, sizes: CheckSizes) -> dict:
     out_dir = work / "trace_run"
     overrides = [
         "method=trace", "advantage=tree", f"steps={sizes.trace_steps}", f"policy_model={_tiny_policy(work)}",
-        f"output_dir={out_dir}", "task.family=fixed-turns", "task.synthetic_prompts=64", "engine.kind=hf",
+        f"output_dir={out_dir}", "task.family=fixed-turns", "task.envs.fixed_turns.prompts=64", "engine.kind=hf",
         "engine.dtype=float32", "engine.max_model_len=1024", "agent.max_total_tokens=1024",
         "policy.zero_stage=2", "policy.lr=1e-4", "policy.micro_batches=1", "progress=false",
         *sizes.trace_overrides,

@@ -228,7 +228,11 @@ class MlflowServer:
     def stop(self) -> None:
         if self.proc is not None:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a server still starting on a loaded machine may ignore it
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
             self.proc = None
 
 
@@ -431,7 +435,7 @@ def tiny_overrides(model_dir: Path, out: Path, uri: str, method: str, steps: int
     """TrainConfig overrides of a seconds-long run: the tiny policy on fixed-turn tasks, tiny budgets."""
     return [
         f"method={method}", f"steps={steps}", f"policy_model={model_dir}", f"output_dir={out}",
-        "task.family=fixed-turns", "task.fixed_turns=3", "task.synthetic_prompts=16",
+        "task.family=fixed-turns", "task.envs.fixed_turns.turns=3", "task.envs.fixed_turns.prompts=16",
         "budget.roots_M=8", "budget.expansion_N=1", "budget.group_size_G=4", "budget.max_per_prompt=4",
         "budget.pool_factor=1", "agent.max_new_tokens=8", "agent.max_total_tokens=1024",
         "engine.max_model_len=1024", "engine.kv_cache_mb=64", "policy.lr=1e-3", "policy.micro_batches=1",

@@ -694,7 +694,7 @@ def test_example_to_task_and_factory_arguments(kb_data, qa_factory) -> None:
     assert answer_is_correct("B", mc)
     with pytest.raises(ValueError, match="reserved"):
         example_to_task(Example("x", "qa", "s", "train", "q", ["a"], metadata={"split": 1}))
-    with pytest.raises(ValueError, match="task_family"):
+    with pytest.raises(ValueError, match="task family 'chess' is not one of math, qa, fc"):
         make_env_factory("chess")
     with pytest.raises(ValueError, match="QAEnvConfig"):
         make_env_factory("qa", FCEnvConfig())

@@ -339,7 +339,7 @@ def test_scripted_policy_scores_match_hand_computed_values_and_log_to_mlflow(
     # QA: EM = pass@1 = 2/8; F1 = (1 + 1 + 2/3 + 2/3 + 4 * 1/2) / 8 = 2/3; greedy EM 1/2, F1 (1 + 1/2)/2
     assert m["kbqa"]["em"] == m["kbqa"]["pass_at_1"] == pytest.approx(0.25)
     assert m["kbqa"]["f1"] == pytest.approx(2 / 3)
-    assert m["kbqa"]["greedy_acc"] == 0.5 and m["kbqa"]["greedy_f1"] == pytest.approx(0.75)
+    assert m["kbqa"]["greedy_acc"] == m["kbqa"]["greedy_em"] == 0.5 and m["kbqa"]["greedy_f1"] == pytest.approx(0.75)
     assert m["kbqa"]["tool_calls"] == 0.5  # one search in each of the first question's 4 samples
     # BFCL with the official checker: base c=2 of 4, greedy right; missing-function c=0, greedy right
     assert m["bfcl_base"]["pass_at_1"] == 0.5 and m["bfcl_base"]["pass_at_2"] == pytest.approx(5 / 6)

@@ -158,7 +158,7 @@ def test_prompt_history_feeds_the_root_rule_and_survives_a_resume(vllm_engine, t
     out = tmp_path / "posterior"
     # 8 prompts and a pool of 8: every prompt is a candidate at every step, so histories grow
     overrides = [*tiny_overrides(tiny_models[0], out, server.uri, "trace-posterior", steps=2),
-                 "task.synthetic_prompts=8", "budget.pool_factor=2"]
+                 "task.envs.fixed_turns.prompts=8", "budget.pool_factor=2"]
     seen: list = []
     try:
         first = Trainer(load_config(TrainConfig, None, overrides), engine=vllm_engine)

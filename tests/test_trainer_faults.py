@@ -38,7 +38,7 @@ class _StopAt(Trainer):
 def _overrides(model: Path, out: Path, uri: str, steps: int = 2) -> list[str]:
     return [
         "method=trace", f"steps={steps}", f"policy_model={model}", f"output_dir={out}", "task.family=fixed-turns",
-        "task.fixed_turns=2", "task.synthetic_prompts=8", "budget.roots_M=4", "budget.expansion_N=1",
+        "task.envs.fixed_turns.turns=2", "task.envs.fixed_turns.prompts=8", "budget.roots_M=4", "budget.expansion_N=1",
         "budget.group_size_G=2", "budget.max_per_prompt=4", "budget.pool_factor=1", "agent.max_new_tokens=6",
         "agent.max_total_tokens=512", "engine.max_model_len=512", "policy.micro_batches=1",
         "predictor.tiny_hidden_size=32", "predictor.tiny_intermediate_size=64", "progress=false",

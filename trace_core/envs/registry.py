@@ -11,19 +11,21 @@ as the executor requires.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from trace_core.data.schema import LETTERS, RESERVED_METADATA_KEYS, TASKS, Example
-from trace_core.envs.fc_env import FCEnvConfig, FCEnvironment
-from trace_core.envs.math_env import MathEnvConfig, MathEnvironment, make_sandbox
-from trace_core.envs.qa_env import QAEnvConfig, QAEnvironment
+from trace_core.envs.families import EnvFactory, SharedResources, get_family
+from trace_core.envs.fc_env import FCEnvConfig
+from trace_core.envs.math_env import MathEnvConfig
+from trace_core.envs.qa_env import QAEnvConfig
 from trace_core.envs.sandbox import PythonSandbox
 from trace_core.retrieval import Retriever
-from trace_core.rollout.env import Environment, Task
+from trace_core.rollout.env import FixedTurnsConfig, Task
 
-TASK_FAMILIES = TASKS  # ("math", "qa", "fc")
-EnvFactory = Callable[[Task], Environment]
+TASK_FAMILIES = TASKS  # the families a data row can hold: ("math", "qa", "fc")
+__all__ = ["EnvFactory", "EnvsConfig", "example_to_task", "format_choices", "make_env_factory"]
 _ADDED_KEYS = RESERVED_METADATA_KEYS  # the data's suite refuses a row whose metadata holds one
 
 
@@ -34,6 +36,7 @@ class EnvsConfig:
     math: MathEnvConfig = field(default_factory=MathEnvConfig)
     qa: QAEnvConfig = field(default_factory=QAEnvConfig)
     fc: FCEnvConfig = field(default_factory=FCEnvConfig)
+    fixed_turns: FixedTurnsConfig = field(default_factory=FixedTurnsConfig)  # the synthetic test family
 
 
 def format_choices(prompt: str, choices: list[str]) -> str:
@@ -62,35 +65,24 @@ def example_to_task(example: Example) -> Task:
 
 def make_env_factory(
     task_family: str,
-    config: EnvsConfig | MathEnvConfig | QAEnvConfig | FCEnvConfig | None = None,
+    config: Any = None,
     *,
     retriever: Retriever | None = None,
     sandbox: PythonSandbox | None = None,
+    index_dir: str | Path | None = None,
 ) -> EnvFactory:
-    """``task -> Environment`` for one task family; shared resources are built here, once.
+    """``task -> Environment`` for one registered task family; shared resources are built here, once.
 
-    ``config`` is the family's own config, or an :class:`EnvsConfig` (its section is used), or
+    ``config`` is the family's own settings, or an :class:`EnvsConfig` (its section is used), or
     None for the defaults (qa then expects an index at ``artifacts/qa_index``). ``retriever`` /
     ``sandbox`` share already loaded resources between factories (e.g. training and evaluation);
-    given, the config's ``index_dir`` / ``sandbox`` settings are not read."""
-    expected = {"math": MathEnvConfig, "qa": QAEnvConfig, "fc": FCEnvConfig}
-    if task_family not in expected:
-        raise ValueError(f"task_family={task_family!r} must be one of {TASK_FAMILIES}")
-    if config is None:
-        config = expected[task_family]()
-    elif isinstance(config, EnvsConfig):
-        config = getattr(config, task_family)
-    if not isinstance(config, expected[task_family]):
-        raise ValueError(f"config for task family {task_family!r} must be {expected[task_family].__name__} "
+    given, the settings' ``index_dir`` / ``sandbox`` are not read; ``index_dir`` points a family
+    that reads an index at another one than its settings name."""
+    family = get_family(task_family)
+    settings = family.settings(config)
+    if config is not None and not isinstance(config, EnvsConfig) and settings is not config:
+        raise ValueError(f"config for task family {task_family!r} must be {family.config_type.__name__} "
                          f"or EnvsConfig, got {type(config).__name__}")
-    if isinstance(config, MathEnvConfig):
-        shared_sandbox = sandbox if sandbox is not None else make_sandbox(config)
-        math_config = config
-        return lambda task: MathEnvironment(shared_sandbox, math_config)
-    if isinstance(config, QAEnvConfig):
-        shared_retriever = retriever if retriever is not None else Retriever.load(
-            config.index_dir, model_path=config.model_path, device=config.device)
-        qa_config = config
-        return lambda task: QAEnvironment(shared_retriever, qa_config)
-    fc_config = config
-    return lambda task: FCEnvironment(task, fc_config)
+    shared = SharedResources(retriever=retriever, sandbox=sandbox,
+                             index_dir=None if index_dir is None else str(index_dir))
+    return family.make_factory(settings, shared)

@@ -83,8 +83,6 @@ class EvalConfig:
     seed: int = 0  # seeds the per-request sampling seeds (and the engine when built here)
     agents: FamilyAgents = field(default_factory=FamilyAgents)  # turn limits and temperature per family
     envs: EnvsConfig = field(default_factory=EnvsConfig)  # environment settings per family
-    qa_corpus: str | None = None  # built into envs.qa.index_dir when it holds no index;
-    #                               None = <data_dir>/qa/corpus.jsonl
     engine: EvalEngineSettings = field(default_factory=EvalEngineSettings)
     validate: bool = True  # run the data-quality suites on the benchmark files
     tool_workers: int = 4  # threads running tool calls while the engine generates

@@ -26,7 +26,7 @@ from numpy.typing import ArrayLike
 DOMAINS = ("in", "out")
 SCOPES = {"in_domain": ("in",), "out_of_domain": ("out",), "all": DOMAINS}
 # Metrics that are averaged over benchmarks (the rest — lengths, tool calls — are per benchmark only).
-AVERAGED_METRICS = ("pass_at_1", "greedy_acc", "em", "f1", "greedy_f1")
+AVERAGED_METRICS = ("pass_at_1", "greedy_acc", "em", "f1", "greedy_em", "greedy_f1")
 
 
 def pass_at_k(n: ArrayLike, c: ArrayLike, k: int) -> float | np.ndarray:

@@ -30,9 +30,10 @@ RESULT_FORMAT = "trace-eval-result/1"
 
 @dataclass
 class BenchmarkResult:
-    """One benchmark's metrics (keys: ``pass_at_1``, ``pass_at_<j>``, ``greedy_acc``, ``em``, ``f1``,
-    ``greedy_f1``, ``tool_calls``, ``turns``, ``gen_tokens``, ``total_tokens``, ``answered``,
-    ``tool_error_rate``, ``examples``, ``samples``, ``prompt_too_long``)."""
+    """One benchmark's metrics (keys: ``pass_at_1``, ``pass_at_<j>``, ``greedy_acc``, the family's
+    answer metrics and their greedy values (QA: ``em``, ``f1``, ``greedy_em``, ``greedy_f1``),
+    ``tool_calls``, ``turns``, ``gen_tokens``, ``total_tokens``, ``answered``, ``tool_error_rate``,
+    ``examples``, ``samples``, ``prompt_too_long``)."""
 
     name: str
     label: str
@@ -116,7 +117,9 @@ def metric_label(metric: str) -> str:
     """``pass_at_1`` -> ``pass@1``; ``greedy_acc`` -> ``greedy accuracy``."""
     if metric.startswith("pass_at_"):
         return "pass@" + metric[len("pass_at_"):]
-    return {"greedy_acc": "greedy accuracy", "em": "EM", "f1": "F1", "greedy_f1": "greedy F1"}.get(metric, metric)
+    labels = {"greedy_acc": "greedy accuracy", "em": "EM", "f1": "F1", "greedy_em": "greedy EM",
+              "greedy_f1": "greedy F1"}
+    return labels.get(metric, metric)
 
 
 def _fmt(value: float | None, percent: bool) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from trace_core.envs.families import get_family
 from trace_core.envs.registry import example_to_task, make_env_factory
 from trace_core.evaluation.benchmarks import Benchmark, load_benchmarks
 from trace_core.evaluation.config import EvalConfig
@@ -191,14 +192,15 @@ def _check_lengths(agents: Mapping[str, AgentConfig], config: EvalConfig, engine
 def _env_factories(families: Sequence[str], config: EvalConfig,
                    given: Mapping[str, EnvFactory] | None) -> dict[str, EnvFactory]:
     out = dict(given or {})
-    for family in families:
-        if family in out:
+    for name in families:
+        if name in out:
             continue
-        if family == "qa":
+        family = get_family(name)
+        if family.index_corpus is not None:  # its settings name the index, built from its corpus if missing
             from trace_core.retrieval import ensure_index
 
-            ensure_index(config.envs.qa.index_dir, config.qa_corpus or Path(config.data_dir) / "qa" / "corpus.jsonl")
-        out[family] = make_env_factory(family, config.envs)
+            ensure_index(family.settings(config.envs).index_dir, Path(config.data_dir) / family.index_corpus)
+        out[name] = make_env_factory(name, config.envs)
     return out
 
 
@@ -311,11 +313,9 @@ def trajectory_record(tree: RolloutTree, trajectory: int, task: Task, family: st
         "total_tokens": len(tree.history_tokens(traj.leaf)),
         "finish_reason": nodes[-1].info.get("finish_reason") if nodes else None,
     }
-    if family == "qa":
-        from trace_core.envs.qa_env import answers_of, exact_match, f1_score
-
-        gold = answers_of(task)
-        rec["em"], rec["f1"] = exact_match(final, gold), f1_score(final, gold)
+    answer_metrics = get_family(family).answer_metrics
+    if answer_metrics is not None:
+        rec.update(answer_metrics(final, task))
     key = (id(task), actions)
     if key in details:  # the checker's verdict (BFCL): None when valid, else e.g. "multi_turn:..."
         rec["error_type"] = details[key]
@@ -359,7 +359,7 @@ def benchmark_metrics(records: Sequence[Mapping[str, Any]], config: EvalConfig) 
     k = config.samples
     out: dict[str, float] = {"examples": float(len(records)), "samples": float(k),
                              "prompt_too_long": float(sum(r["prompt_too_long"] for r in records))}
-    qa = bool(records) and records[0]["family"] == "qa"
+    extras = get_family(records[0]["family"]).answer_metric_names if records else ()
     if k:
         success = np.array([[s["success"] for s in r["samples"]] if r["samples"] else [False] * k
                             for r in records], dtype=bool).reshape(len(records), k)
@@ -367,14 +367,13 @@ def benchmark_metrics(records: Sequence[Mapping[str, Any]], config: EvalConfig) 
         for j in config.pass_at_values():
             if j != 1:
                 out[f"pass_at_{j}"] = mean_pass_at_k(success, j)
-        if qa:
-            out["em"] = mean_or_nan([s["em"] for r in records for s in r["samples"]] + [0.0] * _missing(records, k))
-            out["f1"] = mean_or_nan([s["f1"] for r in records for s in r["samples"]] + [0.0] * _missing(records, k))
+        for name in extras:  # an example whose prompt did not fit scores 0
+            out[name] = mean_or_nan([s[name] for r in records for s in r["samples"]] + [0.0] * _missing(records, k))
     if config.greedy:
         greedy = [r["greedy"] for r in records]
         out["greedy_acc"] = mean_or_nan([g is not None and g["success"] for g in greedy])
-        if qa:
-            out["greedy_f1"] = mean_or_nan([g["f1"] if g is not None else 0.0 for g in greedy])
+        for name in extras:
+            out[f"greedy_{name}"] = mean_or_nan([g[name] if g is not None else 0.0 for g in greedy])
     trajs = [s for r in records for s in r["samples"]] if k else [r["greedy"] for r in records if r["greedy"]]
     for key in ("tool_calls", "turns", "gen_tokens", "total_tokens"):
         out[key] = mean_or_nan([t[key] for t in trajs])

@@ -143,6 +143,20 @@ class ReplayEnvironment:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class FixedTurnsConfig:
+    """The synthetic ``fixed-turns`` task family (for tests): how many tasks, how many turns each."""
+
+    turns: int = 3  # turns per episode
+    prompts: int = 64  # number of synthetic prompts
+
+    def __post_init__(self) -> None:
+        if self.turns < 1:
+            raise ValueError(f"fixed_turns.turns must be >= 1, got {self.turns}")
+        if self.prompts < 1:
+            raise ValueError(f"fixed_turns.prompts must be >= 1, got {self.prompts}")
+
+
 class FixedTurnsEnvironment(ReplayEnvironment):
     """Test environment: every episode lasts exactly ``num_turns`` turns, whatever is written.
 

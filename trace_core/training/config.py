@@ -9,6 +9,7 @@ from typing import Literal
 
 from trace_core.advantages import ADVANTAGE_ESTIMATORS
 from trace_core.allocation import METHODS, BudgetSpec
+from trace_core.envs.families import family_names
 from trace_core.envs.registry import EnvsConfig
 from trace_core.predictor.config import PredictorConfig
 from trace_core.rollout.agent import AgentConfig
@@ -20,13 +21,16 @@ from trace_core.training.policy_config import PolicyTrainConfig
 class TaskConfig:
     """Which prompts the policy trains on and which environment scores them."""
 
-    family: Literal["math", "qa", "fc", "fixed-turns"] = "math"  # fixed-turns: synthetic, for tests
+    family: str = "math"  # a name of the task-family registry (trace_core.envs.families); fixed-turns: synthetic
     data_dir: str = "data"  # the DVC-tracked embedded data (or your own, same layout)
     train_file: str | None = None  # normalized JSONL; None = <data_dir>/<family>/train.jsonl
-    index_dir: str | None = None  # QA retriever index (built from <data_dir>/qa/corpus.jsonl if missing)
-    fixed_turns: int = 3  # fixed-turns only: turns per episode
-    synthetic_prompts: int = 64  # fixed-turns only: number of synthetic prompts
+    # the retriever index of a family that reads one (QA; built from its corpus under data_dir if missing)
+    index_dir: str | None = None
     envs: EnvsConfig = field(default_factory=EnvsConfig)  # per-family environment settings
+
+    def __post_init__(self) -> None:
+        if self.family not in family_names():
+            raise ValueError(f"task.family {self.family!r} is not one of {', '.join(family_names())}")
 
 
 @dataclass

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_core.config import ConfigError
+from trace_core.envs.families import get_family
 from trace_core.locks import LOCK_NAME, HeldLock, LockHeld, hold, lead_process
 from trace_core.tracking import sqlite_path
 from trace_core.training.config import TrainConfig
@@ -45,11 +46,17 @@ class RunRefused(RuntimeError):
 
 # ============================================================================ paths
 def train_file(cfg: TrainConfig) -> Path | None:
-    """The training file the run reads (None: the synthetic fixed-turns tasks)."""
+    """The training file the run reads (None: a synthetic family's own tasks)."""
     t = cfg.task
-    if t.family == "fixed-turns":
+    if get_family(t.family).synthetic_tasks is not None:
         return None
     return Path(t.train_file or Path(t.data_dir) / t.family / "train.jsonl")
+
+
+def index_dir_of(cfg: TrainConfig) -> Path:
+    """Where the run's retriever index is (for a family that reads one): ``task.index_dir``, else
+    ``<output_dir>/<family>_index``."""
+    return Path(cfg.task.index_dir or Path(cfg.output_dir) / f"{cfg.task.family}_index")
 
 
 def check_inputs(cfg: TrainConfig) -> None:
@@ -66,10 +73,9 @@ def check_inputs(cfg: TrainConfig) -> None:
         check_readable_file(key, data, hint)
     if cfg.predictor_warmup.task_file:
         check_readable_file("predictor_warmup.task_file", Path(cfg.predictor_warmup.task_file))
-    if cfg.task.family == "qa":
-        index = Path(cfg.task.index_dir or Path(cfg.output_dir) / "qa_index")
-        if not index.is_dir():  # built from the corpus at start
-            check_readable_file("task.data_dir", Path(cfg.task.data_dir) / "qa" / "corpus.jsonl")
+    corpus = get_family(cfg.task.family).index_corpus
+    if corpus is not None and not index_dir_of(cfg).is_dir():  # built from the corpus at start
+        check_readable_file("task.data_dir", Path(cfg.task.data_dir) / corpus)
     positions = model_positions(cfg.policy_model)
     if positions is not None and cfg.engine.max_model_len > positions:
         raise ConfigError(f"engine.max_model_len = {cfg.engine.max_model_len} exceeds the model's "
@@ -191,7 +197,8 @@ def hold_output_dir(out: Path) -> HeldLock | None:
 
 # ============================================================================ resume
 IDENTITY_KEYS = ("method", "advantage", "seed", "agent.seed", "policy.seed", "predictor.seed", "task.family",
-                 "task.fixed_turns", "task.synthetic_prompts", "pool_success.seed", "predictor_warmup.seed")
+                 "task.envs.fixed_turns.turns", "task.envs.fixed_turns.prompts", "pool_success.seed",
+                 "predictor_warmup.seed")
 
 
 def run_identity(cfg: TrainConfig) -> dict[str, Any]:
@@ -221,10 +228,12 @@ def _digest(path: Path) -> str:
 def check_resume(saved: dict[str, Any] | None, now: dict[str, Any], checkpoint: Path) -> None:
     """Refuse to resume ``checkpoint`` (whose run had identity ``saved``) with a configuration
     of identity ``now`` when any result-defining field differs; a checkpoint written before
-    identities were kept (``saved`` None) is resumed as before."""
+    identities were kept (``saved`` None) is resumed as before. Only the fields both identities
+    hold are compared: a field renamed or added since the checkpoint was written is not a
+    difference of the run."""
     if saved is None:
         return
-    differ = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    differ = [k for k in sorted(set(saved) & set(now)) if saved[k] != now[k]]
     if not differ:
         return
     shown = "; ".join(f"{k} = {saved.get(k)!r} in the checkpoint, {now.get(k)!r} here" for k in differ)

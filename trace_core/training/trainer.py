@@ -35,7 +35,7 @@ from trace_core.config import ConfigError, flatten
 from trace_core.history import PromptHistory
 from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, is_success, step_metrics
 from trace_core.rollout.agent import render_prompt
-from trace_core.rollout.env import FixedTurnsEnvironment, Task
+from trace_core.rollout.env import Task
 from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of
 from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
 from trace_core.seeding import derive_seed
@@ -44,7 +44,7 @@ from trace_core.training.config import TrainConfig
 from trace_core.training.heartbeat import Heartbeat
 from trace_core.training.policy import PolicyOptimizer
 from trace_core.training.profiler import PhaseProfiler
-from trace_core.training.run_guard import check_inputs, check_resume, hold_output_dir, run_identity
+from trace_core.training.run_guard import check_inputs, check_resume, hold_output_dir, index_dir_of, run_identity
 from trace_core.tree import ROOT, RolloutTree, save_trees
 
 STATE_FILE = "trainer_state.json"
@@ -60,26 +60,27 @@ def load_tasks(cfg: TrainConfig) -> tuple[list[Task], Any]:
 def load_task_rows(cfg: TrainConfig) -> tuple[list[Task], Any, dict[str, str]]:
     """The training prompts, an environment factory for them, and where each prompt comes from
     (``"<file> line <n>"`` by task id, for the errors that name a row). The file's rows must be of
-    ``task.family``: QA rows under ``task.family=math`` are refused, not trained on."""
-    t = cfg.task
-    if t.family == "fixed-turns":
-        tasks = [Task(id=f"synthetic-{i}", question=f"Synthetic task {i}: reply in {t.fixed_turns} turns.")
-                 for i in range(t.synthetic_prompts)]
-        return tasks, lambda task: FixedTurnsEnvironment(num_turns=t.fixed_turns), {
-            task.id: f"synthetic prompt {i}" for i, task in enumerate(tasks)}
+    ``task.family``: QA rows under ``task.family=math`` are refused, not trained on. A family that
+    reads a retriever index gets it from ``task.index_dir``, built from its corpus if missing."""
+    from trace_core.envs.families import get_family
     from trace_core.envs.registry import make_env_factory
 
+    t = cfg.task
+    family = get_family(t.family)
+    if family.synthetic_tasks is not None:
+        tasks = family.synthetic_tasks(family.settings(t.envs))
+        return tasks, make_env_factory(t.family, t.envs), {
+            task.id: f"synthetic prompt {i}" for i, task in enumerate(tasks)}
     path = Path(t.train_file or Path(t.data_dir) / t.family / "train.jsonl")
     if not path.is_file():
         raise ConfigError(f"task.train_file {path} does not exist (generate the embedded data with "
                           "`python -m trace_core.data.generate --out data`)")
     tasks, lines = read_task_rows(path, family=t.family)
     retriever = None
-    if t.family == "qa":
+    if family.index_corpus is not None:
         from trace_core.retrieval import RetrievalIndex, Retriever, ensure_index
 
-        index_dir = ensure_index(t.index_dir or Path(cfg.output_dir) / "qa_index",
-                                 Path(t.data_dir) / "qa" / "corpus.jsonl")
+        index_dir = ensure_index(index_dir_of(cfg), Path(t.data_dir) / family.index_corpus)
         retriever = Retriever(RetrievalIndex.load(index_dir))
     factory = make_env_factory(t.family, t.envs, retriever=retriever)
     return tasks, factory, {task.id: f"{path} line {line}" for task, line in zip(tasks, lines, strict=True)}

@@ -177,13 +177,11 @@ def training_tasks(config: WarmStartConfig, family: str) -> list[Task]:
 
 
 def env_factory(family: str, data_dir: str | Path, qa_index: str | Path):
-    """The real environment factory of a family (the QA index must exist)."""
-    from trace_core.envs.qa_env import QAEnvConfig
+    """The real environment factory of a family (a family that reads an index reads ``qa_index``,
+    which must exist)."""
     from trace_core.envs.registry import make_env_factory
 
-    if family == "qa":
-        return make_env_factory("qa", QAEnvConfig(index_dir=str(qa_index)))
-    return make_env_factory(family)
+    return make_env_factory(family, index_dir=qa_index)
 
 
 def ensure_qa_index(data_dir: str | Path, index_dir: str | Path) -> Path:
