@@ -74,10 +74,10 @@ import torch  # noqa: E402
 
 from trace_core.allocation import BudgetSpec  # noqa: E402
 from trace_core.predictor import PredictorConfig, SuccessPredictor, path_tokens, tree_tokens  # noqa: E402
-from trace_core.predictor.packing import history_tokens  # noqa: E402
 from trace_core.predictor.scoring import score_token_trees  # noqa: E402
 from trace_core.sim import HistoryBatch, SimConfig, make_predictor, run_step  # noqa: E402
 from trace_core.tree import ROOT, RolloutTree  # noqa: E402
+from trace_core.tree_packing.layout import history_tokens  # noqa: E402
 
 torch.set_num_threads(1)
 

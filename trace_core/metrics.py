@@ -33,9 +33,16 @@ def is_success(reward: ArrayLike) -> np.ndarray:
     return np.asarray(reward, dtype=np.float64) > SUCCESS_THRESHOLD
 
 
-def _both_outcomes(rewards: np.ndarray) -> bool:
+def is_mixed(rewards: ArrayLike) -> bool:
+    """Whether a group's rewards hold a success and a failure (by :func:`is_success`): a mixed
+    group, the one test of it that the executor, the simulator and the metrics share."""
     success = is_success(rewards)
     return bool(success.any() and not success.all())
+
+
+def tree_is_mixed(tree: RolloutTree) -> bool:
+    """Whether the tree's finished trajectories hold a success and a failure (a mixed group)."""
+    return is_mixed(tree.outcomes())
 
 
 # ---------------------------------------------------------------------------- contrast
@@ -49,7 +56,7 @@ def effective_ratio(trees: Sequence[RolloutTree]) -> float:
     activated = [o for o in outcomes if o.size > 0]
     if not activated:
         return float("nan")
-    return float(np.mean([_both_outcomes(o) for o in activated]))
+    return float(np.mean([is_mixed(o) for o in activated]))
 
 
 def prefix_effective_ratio(trees: Sequence[RolloutTree]) -> float:
@@ -61,7 +68,7 @@ def prefix_effective_ratio(trees: Sequence[RolloutTree]) -> float:
         for anchor in tree.expanded_anchors():
             group = [tree.trajectories[j] for j in tree.branch_group(anchor)]
             rewards = np.array([tree.trajectory_reward(t.id) for t in group if t.finished])
-            flags.append(_both_outcomes(rewards))
+            flags.append(is_mixed(rewards))
     return float(np.mean(flags)) if flags else float("nan")
 
 
@@ -176,11 +183,11 @@ def contrast_counts(trees: Sequence[RolloutTree], advantages: Sequence[ArrayLike
         tokens += tree.num_generated_tokens()
         if o.size:
             activated += 1
-            mixed += _both_outcomes(o)
+            mixed += is_mixed(o)
         for anchor in tree.expanded_anchors():
             group = [tree.trajectories[j] for j in tree.branch_group(anchor)]
             anchors += 1
-            mixed_anchors += _both_outcomes(np.array([tree.trajectory_reward(t.id) for t in group if t.finished]))
+            mixed_anchors += is_mixed(np.array([tree.trajectory_reward(t.id) for t in group if t.finished]))
     contrastive = None if advantages is None else _contrastive_rollouts(trees, advantages)[0]
     if rollout_s is not None and not (math.isfinite(rollout_s) and rollout_s >= 0):
         raise ValueError(f"rollout_s must be a finite number of seconds >= 0, got {rollout_s}")

@@ -83,7 +83,14 @@ from trace_core.costs import (
     remaining_tokens,
 )
 from trace_core.history import PromptHistory
-from trace_core.metrics import allocation_stats, per_exposure, predictor_spearman, spearman, step_metrics
+from trace_core.metrics import (
+    allocation_stats,
+    per_exposure,
+    predictor_spearman,
+    spearman,
+    step_metrics,
+    tree_is_mixed,
+)
 from trace_core.token_budget import PrefixCalibration, model_prefix_value, uniform_spec_for_tokens
 from trace_core.tree import ROOT, RolloutTree
 
@@ -857,7 +864,7 @@ def run_step(
     if trajectories != planned:
         raise AssertionError(f"{method.name}: trees hold {trajectories} trajectories != {planned}")
     turns = sum(len(t.nodes) - 1 for t in trees)
-    mixed = np.array([_holds_both(t) for t in trees], dtype=bool)
+    mixed = np.array([tree_is_mixed(t) for t in trees], dtype=bool)
     if method.group_filter is None:
         kept = np.ones(len(trees), dtype=bool)
     else:  # the group filter sees the groups in sampling order
@@ -940,11 +947,6 @@ def _next_ledger(
         calibration = calibration.observe(predicted, realised)
         figures["tokens/rho"] = calibration.rho
     return TokenLedger(model, costs, calibration), figures
-
-
-def _holds_both(tree: RolloutTree) -> bool:
-    outcomes = tree.outcomes()
-    return bool(np.any(outcomes > 0.5) and np.any(outcomes <= 0.5))
 
 
 def _sample_in_rounds(

@@ -2,9 +2,9 @@
 
 - :mod:`.config` — :class:`PredictorConfig` (every knob, documented);
 - :mod:`.model` — Qwen3 backbone + scalar head (:class:`PrefixValueModel`);
-- :mod:`.packing` — tree packing: each distinct token once, ancestor-only attention (numpy);
-- :mod:`.tree_attention` — sparse tree attention (each node attends to its own history only),
-  registered with transformers as ``"trace_tree"``; the default kernel;
+- tree packing (each distinct token once, ancestor-only attention; numpy) and the sparse tree
+  attention (registered with transformers as ``"trace_tree"``; the default kernel) are shared
+  with the policy update: :mod:`trace_core.tree_packing` (its names are re-exported here);
 - :mod:`.scoring` — forwards over packs (sparse plan, or a dense 4D tree mask for sdpa/eager);
 - :mod:`.examples` — method §5's supervised set and the prefix share;
 - :mod:`.diagnostics` — out-of-sample Spearman, MSE, reliability bins / ECE;
@@ -25,8 +25,9 @@ _HOME = {
     "step_diagnostics": "diagnostics",
     "Example": "examples", "informative_prefixes": "examples", "sample_examples": "examples",
     "supervised_set": "examples",
-    "Pack": "packing", "TokenTree": "packing", "pack_token_trees": "packing", "path_tokens": "packing",
-    "tree_tokens": "packing",
+    "Pack": "trace_core.tree_packing.layout", "TokenTree": "trace_core.tree_packing.layout",
+    "pack_token_trees": "trace_core.tree_packing.layout", "path_tokens": "trace_core.tree_packing.layout",
+    "tree_tokens": "trace_core.tree_packing.layout",
     "SuccessPredictor": "success_predictor", "root_scores": "success_predictor",
 }
 
@@ -34,7 +35,8 @@ _HOME = {
 def __getattr__(name: str) -> Any:
     if name not in _HOME:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    home = _HOME[name]
+    value = getattr(importlib.import_module(home if "." in home else f"{__name__}.{home}"), name)
     globals()[name] = value
     return value
 

@@ -33,9 +33,9 @@ def tiny_backbone_config(config: PredictorConfig):
 
 def backbone_attention(attn_implementation: str) -> str:
     """The name transformers dispatches on: our registered sparse tree attention, or a stock kernel."""
-    from trace_core.predictor.tree_attention import TREE_ATTENTION
+    from trace_core.tree_packing.attention import register_tree_attention
 
-    return TREE_ATTENTION if attn_implementation == "tree" else attn_implementation
+    return register_tree_attention() if attn_implementation == "tree" else attn_implementation
 
 
 def build_backbone(config: PredictorConfig) -> nn.Module:

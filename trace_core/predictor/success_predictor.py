@@ -11,9 +11,9 @@ Spearman, MSE, calibration — then trains on method §5's supervised set with A
 clipping and a guard that skips any optimizer step whose loss, gradient norm or resulting
 weights are not finite (weights and optimizer state untouched).
 
-Scoring packs whole trees (:mod:`.packing`): every distinct token enters the backbone once and
+Scoring packs whole trees (:mod:`trace_core.tree_packing.layout`): every distinct token enters the backbone once and
 each node is read at its last token; with the default sparse tree attention
-(:mod:`.tree_attention`) a node's tokens attend only to its own history.
+(:mod:`trace_core.tree_packing.attention`) a node's tokens attend only to its own history.
 """
 
 from __future__ import annotations
@@ -32,16 +32,16 @@ from trace_core.predictor.config import PredictorConfig
 from trace_core.predictor.diagnostics import StepDiagnostics, random_anchor_nodes, step_diagnostics
 from trace_core.predictor.examples import Example, sample_examples, supervised_set
 from trace_core.predictor.model import PrefixValueModel, build_backbone
-from trace_core.predictor.packing import (
+from trace_core.predictor.scoring import pack_logits, score_token_trees
+from trace_core.seeding import derive_seed
+from trace_core.tree import ROOT, RolloutTree
+from trace_core.tree_packing.layout import (
     TokenTree,
     ancestor_closure,
     history_tokens,
     pack_token_trees,
     tree_tokens,
 )
-from trace_core.predictor.scoring import pack_logits, score_token_trees
-from trace_core.seeding import derive_seed
-from trace_core.tree import ROOT, RolloutTree
 
 STATE_FORMAT = "trace-rl/success-predictor/v1"
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from trace_core.allocation import BudgetSpec, Method, next_checked_round
 from trace_core.history import HistoryView
-from trace_core.metrics import is_success
+from trace_core.metrics import is_success, tree_is_mixed
 from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
 from trace_core.rollout.engine import Completion, GenerationRequest, RolloutEngine, Sample, SamplingConfig
 from trace_core.rollout.env import Action, Environment, Episode, Observation, Task, parse_action
@@ -477,11 +477,11 @@ class TreeRolloutExecutor:
             if not m_r.any():
                 break
             part = self.run(tasks, m_r.tolist(), None, rng, sampling_seed=sampling_seed)
-            mixed += sum(_holds_both(t) for t in part.trees)
+            mixed += sum(tree_is_mixed(t) for t in part.trees)
             parts.append(part)
             m += m_r
         trees = [t for part in parts for t in part.trees]
-        flags = np.array([_holds_both(t) for t in trees], dtype=bool)
+        flags = np.array([tree_is_mixed(t) for t in trees], dtype=bool)
         kept = np.asarray(rule.keep_groups(flags, spec), dtype=bool)
         if kept.shape != flags.shape:
             raise ValueError(f"keep_groups returned shape {kept.shape} for {flags.size} groups")
@@ -505,12 +505,6 @@ def _node_values(tree: RolloutTree, values: dict[int, float]) -> np.ndarray:
     for node, value in values.items():
         out[node] = value
     return out
-
-
-def _holds_both(tree: RolloutTree) -> bool:
-    """Whether the tree's finished trajectories hold a success and a failure (a mixed group)."""
-    success = is_success(tree.outcomes())
-    return bool(success.any() and not success.all())
 
 
 def _timed_step(env: Environment, action: Action) -> tuple[Observation, float]:

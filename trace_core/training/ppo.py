@@ -1,6 +1,6 @@
 """Policy-gradient math over packed rollout trees (method §6): log-probs and the PPO-clip loss.
 
-A packed tree (:mod:`trace_core.predictor.packing`) holds each distinct token once, so a shared
+A packed tree (:mod:`trace_core.tree_packing.layout`) holds each distinct token once, so a shared
 prefix is trained once and the number of loss tokens equals the number of distinct model-written
 tokens. A token is predicted by the logits at its *predecessor* in its own history: the previous
 packed token inside a node, or the last token of the parent node for a node's first token.
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trace_core.predictor.packing import Pack, TokenTree, pack_token_trees
 from trace_core.training.policy_config import PPOLossConfig  # noqa: F401 - re-exported
 from trace_core.tree import RolloutTree
+from trace_core.tree_packing.layout import Pack, TokenTree, pack_token_trees
 
 
 @dataclass(frozen=True)
