@@ -81,8 +81,8 @@ bench-allocation: $(STAMP)  ## allocators vs the DP / brute force
 bench-contrast: $(STAMP)  ## effective ratios of every method on the simulator
 	$(BIN)/python bench/contrast.py
 
-lock:  ## regenerate requirements/lock.txt from the current .venv
-	$(BIN)/pip freeze --exclude-editable | grep -viE '^(torch==|bfcl-eval|bfcl_eval|trace-rl)' > requirements/lock.txt
+lock: $(STAMP)  ## resolve requirements/base.in (beside $(TORCH)) into requirements/lock.txt; installs nothing
+	$(BIN)/python requirements/lock.py --torch $(TORCH)
 
 clean-venv:  ## remove the virtual environment
 	rm -rf $(VENV)
