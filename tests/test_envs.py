@@ -447,6 +447,8 @@ def test_index_cli_writes_one_artifact_and_reports_throughput(tmp_path: Path, kb
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["index_type"] == "hnsw" and manifest["num_passages"] == 40 and manifest["dim"] == 384
     assert manifest["query_prefix"] == "" and manifest["passages_per_second"] > 0
+    assert manifest["model_path"] == ""  # the preset's weights, found again wherever the index is loaded
+    assert Retriever(RetrievalIndex.load(out)).encoder.model_path == encoder.model_path
     loaded = Retriever(RetrievalIndex.load(out), encoder=encoder)
     assert [p.id for p in loaded.index.passages] == [p.id for p in passages[:40]]
     assert loaded.search(passages[5].title + " " + passages[5].text, k=1)[0].passage.id == passages[5].id

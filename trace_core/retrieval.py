@@ -292,7 +292,9 @@ def build_index(
     manifest = {
         "format": ARTIFACT_FORMAT,
         "encoder": config.encoder,
-        "model_path": encoder.model_path,
+        # The preset's own weights are recorded as "" (found again where the index is loaded), so an
+        # index built in one environment loads in another; an explicit path is kept as given.
+        "model_path": config.model_path or ENCODER_PRESETS[config.encoder].model_path,
         "query_prefix": query_prefix,
         "passage_prefix": passage_prefix,
         "dim": int(vectors.shape[1]),
