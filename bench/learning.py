@@ -9,6 +9,12 @@ tenth of the run. The start (step 0) is one shared measurement of the testbed po
 step the final policy's **held-out pass@1** is measured on the testbed's held-out questions (QA
 test-split questions on the testbed's topics: in neither the pool nor the warm-up split).
 
+**One policy, committed.** The testbed's SFT is reproducible on one machine but not bit for bit
+across CPUs (the same data and code gave another weight digest on another CPU), so the policy
+every run starts from is committed with the records (``testbed/``: its weights, tokenizer, pool,
+warm-up split and retriever index, 3.5 MB), and ``run`` refuses a start record measured on any
+other policy. A later session on another machine continues the same benchmark from those files.
+
 **Records anyone can recompute.** Each finished run writes one small JSON record under
 ``--records`` (per-step counts, the pool-success samples per prompt, the prompts it opened and
 whether their trees showed both outcomes, its held-out samples, the commit with a dirty flag, the
@@ -36,8 +42,8 @@ they split over processes (each ``run --methods ... --seeds ...`` in its own pro
 
 Examples:
 
-    python bench/learning.py run --testbed runs/testbed --methods grpo --seeds 0 1 2
-    python bench/learning.py run --testbed runs/testbed --methods trace pcl --seeds 0
+    python bench/learning.py run --methods grpo --seeds 0 1 2      # from the committed testbed
+    python bench/learning.py run --methods trace pcl --seeds 0
     python bench/learning.py table                      # from bench/results/learning/ alone
 """
 
@@ -58,6 +64,7 @@ import numpy as np  # noqa: E402
 from learning_table import RECORD_FORMAT, START_FORMAT, build_table, curve, in_se  # noqa: E402
 from train_compare import VARIANTS, SharedEngine, git_commit, tree_is_dirty  # noqa: E402
 
+RECORDS = "bench/results/learning"  # the committed records, and the committed testbed under testbed/
 STEPS = 100  # the run length, chosen on GRPO alone (module docstring)
 LEARNING_RATE = 1e-4  # the policy's RL learning rate, chosen on GRPO alone
 POOL_K = 8  # samples per pool prompt of every pool-success measurement
@@ -269,15 +276,17 @@ def load_records(records: Path) -> tuple[list[dict], dict]:
     return runs, start
 
 
-def testbed_truth(start: dict, spread_file: Path) -> tuple[dict[str, int] | None, int]:
-    """The committed per-prompt spread when it was measured on this testbed policy."""
-    if not spread_file.is_file():
-        return None, 0
-    frozen = json.loads(spread_file.read_text())
-    if frozen.get("identity") != start["testbed"]:
-        return None, 0
-    pool = frozen["spread"]["pool"]
-    return pool["successes"], int(pool["samples"])
+def testbed_truth(start: dict, spread_files: list[Path]) -> tuple[dict[str, int] | None, int]:
+    """The committed per-prompt spread of the first of ``spread_files`` measured on this testbed
+    policy (None when none was)."""
+    for spread_file in spread_files:
+        if not spread_file.is_file():
+            continue
+        frozen = json.loads(spread_file.read_text())
+        if frozen.get("identity") == start["testbed"]:
+            pool = frozen["spread"]["pool"]
+            return pool["successes"], int(pool["samples"])
+    return None, 0
 
 
 def provenance(runs: list[dict], start: dict) -> dict:
@@ -297,7 +306,8 @@ def cmd_table(args: argparse.Namespace) -> dict:
         if not args.out:
             raise SystemExit("table --seeds: give --out (a view over some seeds must not replace the committed table)")
         runs = [r for r in runs if r["seed"] in args.seeds]
-    truth, k = testbed_truth(start, Path(args.spread))
+    spreads = [Path(args.spread)] if args.spread else [records / "spread.json", Path("bench/results/testbed.json")]
+    truth, k = testbed_truth(start, spreads)
     table = build_table(runs, start, truth, k or 8)
     table["provenance"] = provenance(runs, start)
     table["settings"] = {key: runs[0]["settings"][key] for key in ("steps", "lr", "pool_k", "measure_at",
@@ -416,8 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="make every missing record (resumable)")
-    run.add_argument("--testbed", default="runs/testbed", help="a testbed warm start's folder "
-                     "(python bench/testbed.py --out runs/testbed builds and measures one)")
+    run.add_argument("--testbed", default=f"{RECORDS}/testbed", help="a testbed warm start's folder: by default "
+                     "the benchmark's committed one (its policy's weights and its retriever index), so a run on "
+                     "any machine starts from the same policy; python bench/testbed.py --out DIR builds another")
     run.add_argument("--methods", nargs="+", choices=list(VARIANTS), default=["grpo", "trace"])
     run.add_argument("--seeds", type=int, nargs="+", default=[0])
     run.add_argument("--steps", type=int, default=STEPS)
@@ -429,13 +440,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-m", type=int, default=8, help="M_max")
     run.add_argument("--config", default="configs/testbed.yaml")
     run.add_argument("--data", default="data")
-    run.add_argument("--index", default="artifacts/qa_index")
+    run.add_argument("--index", default=None, help="the QA retriever index (default: the testbed folder's "
+                     "qa_index, else artifacts/qa_index)")
     run.add_argument("--work", default="runs/bench_learning", help="run folders (checkpoints, trees; not committed)")
-    run.add_argument("--records", default="bench/results/learning", help="the committed records")
+    run.add_argument("--records", default=RECORDS, help="the committed records")
     table = sub.add_parser("table", help="recompute the table and plots from the records alone")
-    table.add_argument("--records", default="bench/results/learning")
-    table.add_argument("--spread", default="bench/results/testbed.json",
-                       help="the testbed's measured spread (truth for the truly-mixed reading)")
+    table.add_argument("--records", default=RECORDS)
+    table.add_argument("--spread", default=None,
+                       help="the testbed's measured spread (truth for the truly-mixed reading); default: the "
+                       "records' own spread.json, else bench/results/testbed.json, whichever was measured on "
+                       "the records' testbed policy")
     table.add_argument("--no-plot", action="store_true")
     table.add_argument("--seeds", type=int, nargs="+", default=None,
                        help="only the records of these seeds (e.g. the seeds every compared method has); "
@@ -451,6 +465,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.pool_k < 2 or args.heldout_k < 2 or args.steps < 1:  # a prompt's rollouts form a group: >= 2
             raise SystemExit(f"--pool-k and --heldout-k must be >= 2 and --steps >= 1, got {args.pool_k}, "
                              f"{args.heldout_k}, {args.steps}")
+        if args.index is None:
+            committed = Path(args.testbed) / "qa_index"
+            args.index = str(committed if committed.is_dir() else Path("artifacts/qa_index"))
         cmd_run(args)
     else:
         cmd_table(args)

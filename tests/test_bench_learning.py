@@ -171,11 +171,18 @@ def test_a_miniature_learning_benchmark_runs_and_its_table_is_recomputed_from_th
     assert rerun.returncode == 0 and rerun.stdout.count("record present, skipped") == 2, rerun.stdout[-2000:]
 
 
-def test_the_committed_learning_table_is_recomputed_from_its_records(tmp_path) -> None:
+def committed_record_folders() -> list[Path]:
+    """Every committed learning benchmark (one folder per testbed policy: the live one, and any
+    earlier one kept because its policy can no longer be rebuilt bit for bit)."""
+    return sorted(p for p in (ROOT / "bench" / "results").glob("learning*") if (p / "start.json").is_file()
+                  or (p / "runs").is_dir())
+
+
+@pytest.mark.parametrize("records", committed_record_folders(), ids=lambda p: p.name)
+def test_the_committed_learning_table_is_recomputed_from_its_records(records: Path, tmp_path) -> None:
     """``bench/learning.py table`` on the committed records reproduces the committed table.
     (Until the first records are committed there is nothing to recompute: the records folder
     then holds no table either, which is checked.)"""
-    records = ROOT / "bench" / "results" / "learning"
     if not (records / "table.json").is_file():
         assert not list((records / "runs").glob("*.json")) if (records / "runs").is_dir() else True
         return
@@ -185,6 +192,8 @@ def test_the_committed_learning_table_is_recomputed_from_its_records(tmp_path) -
     for p in (records / "runs").glob("*.json"):
         (copy / "runs" / p.name).write_text(p.read_text())
     (copy / "start.json").write_text((records / "start.json").read_text())
+    if (records / "spread.json").is_file():  # the spread measured on this benchmark's policy
+        (copy / "spread.json").write_text((records / "spread.json").read_text())
     done = subprocess.run([sys.executable, str(BENCH / "learning.py"), "table", "--records", str(copy), "--no-plot"],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -192,12 +201,11 @@ def test_the_committed_learning_table_is_recomputed_from_its_records(tmp_path) -
 
 
 def test_the_learning_table_is_logged_to_mlflow_with_one_curve_per_record(tmp_path, server) -> None:
-    """``table --mlflow`` on the committed records, against a real MLflow server: a parent run
-    with the table and the plot, one nested run per record whose ``pool/success`` history is the
-    record's curve (step: cumulative training rollouts); logging the same table again logs nothing."""
-    records = ROOT / "bench" / "results" / "learning"
-    if not list((records / "runs").glob("*.json")):
-        pytest.skip("no learning records committed yet")  # cannot happen once the first record lands
+    """``table --mlflow`` on the committed records (the benchmark with the most), against a real
+    MLflow server: a parent run with the table and the plot, one nested run per record whose
+    ``pool/success`` history is the record's curve (step: cumulative training rollouts); logging
+    the same table again logs nothing."""
+    records = max(committed_record_folders(), key=lambda p: len(list((p / "runs").glob("*.json"))))
     copy = tmp_path / "learning"
     (copy / "runs").mkdir(parents=True)
     for p in (records / "runs").glob("*.json"):
