@@ -26,4 +26,4 @@ def build_retriever_index(
 
     ctx = StepContext(workspace, reuse, tracking_uri, experiment, kfp_run_id)
     built = run_build_retriever_index(ArtifactRef.of(data), json.loads(index_config), ctx, index.path)
-    index.metadata.update(built.metadata)
+    index.metadata.update(built.metadata.to_dict())

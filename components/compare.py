@@ -37,6 +37,6 @@ def compare(
 
     ctx = StepContext(workspace, reuse, tracking_uri, experiment, kfp_run_id)
     made = run_compare([ArtifactRef.of(r) for r in reports], methods, ctx, table.path)
-    table.metadata.update(made.metadata)
+    table.metadata.update(made.metadata.to_dict())
     return json.dumps({"table": made.table, "compare_run": made.compare_run, "training_runs": made.training_runs,
                        "plots": made.plots})

@@ -35,7 +35,7 @@ def evaluate(
     ctx = StepContext(workspace, reuse, tracking_uri, experiment)
     made = run_evaluate(ArtifactRef.of(trained), ArtifactRef.of(data), ArtifactRef.of(index),
                         json.loads(eval_config), json.loads(train_config), ctx, result.path)
-    result.metadata.update(made.metadata)
+    result.metadata.update(made.metadata.to_dict())
     if math.isfinite(made.score):
         metrics.log_metric(f"{made.family}_{made.primary_metric}", made.score)
     return made.score

@@ -31,5 +31,5 @@ def prepare_data(
 
     ctx = StepContext(workspace, reuse, tracking_uri, experiment, kfp_run_id)
     prepared = run_prepare_data(json.loads(data_config), ctx, data.path)
-    data.metadata.update(prepared.metadata)
+    data.metadata.update(prepared.metadata.to_dict())
     return prepared.version

@@ -25,4 +25,4 @@ def profile(
 
     made = run_profile(ArtifactRef.of(trained), ArtifactRef.of(evaluation), tracking_uri, experiment, workspace,
                        report.path, breakdown.path)
-    report.metadata.update(made.metadata)
+    report.metadata.update(made.metadata.to_dict())

@@ -23,12 +23,13 @@ def register(
     from pathlib import Path
 
     from pipelines.registry import register_policy
+    from pipelines.steps.artifacts import ArtifactRef
 
     reg = json.loads(registry_config)
+    made, evaluated = ArtifactRef.of(trained).metadata, ArtifactRef.of(evaluation).metadata
     decision = register_policy(
-        tracking_uri, reg["model_name"], trained.metadata["run_id"], Path(trained.path) / "policy",
-        score=float(evaluation.metadata["score"]), metric=reg["metric"], fingerprint=evaluation.metadata["fingerprint"],
-        tags={"method": trained.metadata["method"], "lineage.kfp_run_id": kfp_run_id,
-              "lineage.dvc_data_hash": trained.metadata.get("dvc_md5", "")})
+        tracking_uri, reg["model_name"], made.run_id, Path(trained.path) / "policy",
+        score=float(evaluated.score), metric=reg["metric"], fingerprint=evaluated.fingerprint,
+        tags={"method": made.method, "lineage.kfp_run_id": kfp_run_id, "lineage.dvc_data_hash": made.dvc_md5})
     print(decision.summary())
     return json.dumps(dataclasses.asdict(decision))

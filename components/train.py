@@ -44,5 +44,5 @@ def train(
     made = run_train(method, ArtifactRef.of(data), ArtifactRef.of(index), ArtifactRef.of(warm_policy),
                      ArtifactRef.of(testbed), json.loads(train_config),
                      Placement(gpus, nodes, json.loads(platform_config)), ctx, trained.path)
-    trained.metadata.update(made.metadata)
+    trained.metadata.update(made.metadata.to_dict())
     return made.run_id

@@ -36,6 +36,6 @@ def warm_start(
     ctx = StepContext(workspace, reuse, tracking_uri, experiment, kfp_run_id)
     made = run_warm_start(ArtifactRef.of(data), ArtifactRef.of(index), json.loads(warm_start_config),
                           json.loads(agent_config), json.loads(registry_config), ctx, policy.path, testbed.path)
-    testbed.metadata.update(made.testbed_metadata)
-    policy.metadata.update(made.policy_metadata)
+    testbed.metadata.update(made.testbed_metadata.to_dict())
+    policy.metadata.update(made.policy_metadata.to_dict())
     return made.origin

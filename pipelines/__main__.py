@@ -148,7 +148,7 @@ def _client(args: argparse.Namespace):
 
 
 def _arguments(cfg: PipelineConfig) -> dict[str, object]:
-    from pipelines.dag import section_json
+    from pipelines.config import section_json
 
     return {"methods": list(cfg.methods), "register_method": cfg.registry.method, "workspace": cfg.workspace,
             "reuse": cfg.reuse, "mlflow_uri": cfg.train.tracking.tracking_uri,

@@ -9,6 +9,7 @@ params``; a test checks that the file and the dataclasses agree. Every field can
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -190,3 +191,9 @@ class PipelineConfig:
         if self.train.task.family not in self.warm_start.families:
             raise ValueError(f"train.task.family {self.train.task.family!r} must be one of warm_start.families "
                              f"{self.warm_start.families}: the policy is warm-started on it")
+
+
+def section_json(section: Any) -> str:
+    """A configuration section as one JSON string (sorted keys): a pipeline parameter's value, the
+    input a step parses."""
+    return json.dumps(to_dict(section), sort_keys=True)

@@ -12,21 +12,14 @@ applied at build time from ``platform`` (:mod:`pipelines.platform`); ``kfp.local
 """
 
 # No `from __future__ import annotations`: KFP reads the pipeline function's annotations as types.
-import json
 from collections.abc import Callable
 from typing import Any
 
 from kfp import dsl
 
-from pipelines.config import PipelineConfig
+from pipelines.config import PipelineConfig, section_json
 
 PIPELINE_NAME = "trace-rl"
-
-
-def section_json(section: Any) -> str:
-    from trace_core.config import to_dict
-
-    return json.dumps(to_dict(section), sort_keys=True)
 
 
 def build_pipeline(cfg: PipelineConfig, platform: bool = True, parallelism: int = 0) -> Callable[..., Any]:

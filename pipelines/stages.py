@@ -1,10 +1,12 @@
-"""DVC stages: the pipeline's components run one at a time on fixed paths (``dvc.yaml``).
+"""DVC stages: the pipeline's steps run one at a time on fixed paths (``dvc.yaml``).
 
-``dvc repro`` runs the same component functions as the Kubeflow DAG (each component's
-``python_func``), with artifacts at fixed locations under ``runs/dvc/`` so that DVC can hash them
-and skip what is up to date. Each artifact directory has a ``.meta.json`` beside it (the KFP
-artifact metadata: fingerprints, run ids), which the next stage reads back as its input's
-metadata. DVC decides what reruns, so the components' own reuse cache is off here.
+``dvc repro`` runs the same step functions the Kubeflow components call (``pipelines.steps``),
+with their typed inputs (:class:`~pipelines.steps.artifacts.ArtifactRef`,
+:class:`~pipelines.steps.artifacts.StepContext`) and artifacts at fixed locations under
+``runs/dvc/`` so that DVC can hash them and skip what is up to date. Each artifact has a
+``.meta.json`` beside it (the metadata its step returned: fingerprints, run ids), which the next
+stage reads back as its input's metadata. DVC decides what reruns, so the steps' own reuse cache
+is off here.
 
     python -m pipelines stage prepare_data            # one stage, settings from params.yaml
     python -m pipelines stage train --method trace
@@ -18,33 +20,36 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import PipelineConfig
-from pipelines.dag import section_json
+from pipelines.config import PipelineConfig, section_json
+from pipelines.steps.artifacts import ArtifactMetadata, ArtifactRef, StepContext
 
 OUT = Path("runs/dvc")
 STAGES = ("prepare_data", "build_retriever_index", "warm_start", "train", "evaluate", "profile", "compare")
 PER_METHOD = ("train", "evaluate", "profile")
 
 
-def _artifact(kind: str, path: Path, meta: dict[str, Any] | None = None):
-    from kfp import dsl
-
-    cls = {"dataset": dsl.Dataset, "model": dsl.Model, "artifact": dsl.Artifact, "metrics": dsl.Metrics,
-           "markdown": dsl.Markdown}[kind]
+def _output(path: Path) -> str:
+    """Where a stage writes an artifact (its parent folder made)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return cls(name=path.name, uri=str(path.resolve()), metadata=dict(meta or {}))
+    return str(path.resolve())
 
 
-def _read(kind: str, path: Path):
+def _read(path: Path) -> ArtifactRef:
+    """An earlier stage's artifact and the metadata its step returned."""
     meta_file = path.with_name(path.name + ".meta.json")
     if not meta_file.is_file():
         raise ValueError(f"{path} has no {meta_file.name}: run the stage that produces it first (dvc repro)")
-    return _artifact(kind, path, json.loads(meta_file.read_text()))
+    metadata = ArtifactMetadata.from_dict(json.loads(meta_file.read_text()), str(meta_file))
+    return ArtifactRef(str(path.resolve()), metadata)
 
 
-def _write_meta(artifact: Any) -> None:
-    path = Path(artifact.path)
-    path.with_name(path.name + ".meta.json").write_text(json.dumps(artifact.metadata, indent=1, sort_keys=True))
+def _write_meta(path: Path, metadata: ArtifactMetadata) -> None:
+    path.with_name(path.name + ".meta.json").write_text(json.dumps(metadata.to_dict(), indent=1, sort_keys=True))
+
+
+def _section(section: Any) -> dict[str, Any]:
+    """A configuration section as the steps read it (the JSON a component receives, parsed)."""
+    return json.loads(section_json(section))
 
 
 def run_stage(name: str, cfg: PipelineConfig, method: str | None = None, out: Path = OUT) -> None:
@@ -56,68 +61,58 @@ def run_stage(name: str, cfg: PipelineConfig, method: str | None = None, out: Pa
     if method is not None and method not in cfg.methods:
         raise ValueError(f"--method {method!r} is not one of methods {cfg.methods}")
     tracking = cfg.train.tracking
-    common = {"workspace": str(out / "work"), "reuse": False, "tracking_uri": tracking.tracking_uri,
-              "experiment": tracking.experiment}
-    run_id = "dvc"
+    ctx = StepContext(str(out / "work"), False, tracking.tracking_uri, tracking.experiment, "dvc")
     data = out / "prepare_data" / "data"
     index = out / "build_retriever_index" / "index"
     policy = out / "warm_start" / "policy"
     testbed = out / "warm_start" / "testbed"
     if name == "prepare_data":
-        art = _artifact("dataset", data)
-        _fn("prepare_data")(data_config=section_json(cfg.data), kfp_run_id=run_id, data=art, **common)
-        _write_meta(art)
+        from pipelines.steps.prepare_data import run_prepare_data
+
+        _write_meta(data, run_prepare_data(_section(cfg.data), ctx, _output(data)).metadata)
     elif name == "build_retriever_index":
-        art = _artifact("artifact", index)
-        _fn("build_retriever_index")(data=_read("dataset", data), index_config=section_json(cfg.index),
-                                     kfp_run_id=run_id, index=art, **common)
-        _write_meta(art)
+        from pipelines.steps.build_retriever_index import run_build_retriever_index
+
+        _write_meta(index, run_build_retriever_index(_read(data), _section(cfg.index), ctx, _output(index)).metadata)
     elif name == "warm_start":
-        art = _artifact("model", policy)
-        bed = _artifact("dataset", testbed)
-        _fn("warm_start")(data=_read("dataset", data), index=_read("artifact", index),
-                          warm_start_config=section_json(cfg.warm_start), agent_config=section_json(cfg.train.agent),
-                          registry_config=section_json(cfg.registry), kfp_run_id=run_id, policy=art, testbed=bed,
-                          **common)
-        _write_meta(art)
-        _write_meta(bed)
+        from pipelines.steps.warm_start import run_warm_start
+
+        made = run_warm_start(_read(data), _read(index), _section(cfg.warm_start), _section(cfg.train.agent),
+                              _section(cfg.registry), ctx, _output(policy), _output(testbed))
+        _write_meta(policy, made.policy_metadata)
+        _write_meta(testbed, made.testbed_metadata)
     elif name == "train":
-        art = _artifact("model", out / "train" / method / "trained")
-        _fn("train")(method=method, data=_read("dataset", data), index=_read("artifact", index),
-                     warm_policy=_read("model", policy), testbed=_read("dataset", testbed),
-                     train_config=section_json(cfg.train), gpus=0, nodes=1,
-                     platform_config=section_json(cfg.platform), kfp_run_id=run_id, trained=art, **common)
-        _write_meta(art)
+        from pipelines.steps.train import Placement, run_train
+
+        trained = out / "train" / method / "trained"
+        made = run_train(method, _read(data), _read(index), _read(policy), _read(testbed), _section(cfg.train),
+                         Placement(0, 1, _section(cfg.platform)), ctx, _output(trained))
+        _write_meta(trained, made.metadata)
     elif name == "evaluate":
-        result = _artifact("artifact", out / "evaluate" / method / "result.json")
-        metrics = _artifact("metrics", out / "evaluate" / method / "kfp_metrics")
-        _fn("evaluate")(trained=_read("model", out / "train" / method / "trained"), data=_read("dataset", data),
-                        index=_read("artifact", index), eval_config=section_json(cfg.evaluate),
-                        train_config=section_json(cfg.train), result=result, metrics=metrics, **common)
-        _write_meta(result)
-        (out / "evaluate" / method / "metrics.json").write_text(json.dumps(_finite(metrics.metadata), indent=1))
+        from pipelines.steps.evaluate import run_evaluate
+
+        result = out / "evaluate" / method / "result.json"
+        made = run_evaluate(_read(out / "train" / method / "trained"), _read(data), _read(index),
+                            _section(cfg.evaluate), _section(cfg.train),
+                            StepContext(ctx.workspace, False, ctx.tracking_uri, ctx.experiment), _output(result))
+        _write_meta(result, made.metadata)
+        metrics = {f"{made.family}_{made.primary_metric}": made.score}
+        (out / "evaluate" / method / "metrics.json").write_text(json.dumps(_finite(metrics), indent=1))
     elif name == "profile":
-        report = _artifact("artifact", out / "profile" / method / "report.json")
-        breakdown = _artifact("markdown", out / "profile" / method / "cost_breakdown.md")
-        _fn("profile")(trained=_read("model", out / "train" / method / "trained"),
-                       evaluation=_read("artifact", out / "evaluate" / method / "result.json"),
-                       tracking_uri=tracking.tracking_uri, experiment=tracking.experiment,
-                       workspace=common["workspace"], report=report, breakdown=breakdown)
-        _write_meta(report)
+        from pipelines.steps.profile import run_profile
+
+        report = out / "profile" / method / "report.json"
+        made = run_profile(_read(out / "train" / method / "trained"), _read(out / "evaluate" / method / "result.json"),
+                           tracking.tracking_uri, tracking.experiment, ctx.workspace, _output(report),
+                           _output(out / "profile" / method / "cost_breakdown.md"))
+        _write_meta(report, made.metadata)
     else:
-        reports = [_read("artifact", out / "profile" / m / "report.json") for m in cfg.methods]
-        table = _artifact("markdown", out / "compare" / "table.md")
-        result = json.loads(_fn("compare")(reports=reports, methods=list(cfg.methods), kfp_run_id=run_id, table=table,
-                                           **common))
+        from pipelines.steps.compare import run_compare
+
+        reports = [_read(out / "profile" / m / "report.json") for m in cfg.methods]
+        made = run_compare(reports, list(cfg.methods), ctx, _output(out / "compare" / "table.md"))
         _compare_files(out, [json.loads(Path(r.path).read_text()) for r in reports], cfg.methods)
-        print(result["table"])
-
-
-def _fn(component: str):
-    """The plain Python function of a component."""
-    import importlib
-
-    return getattr(importlib.import_module(f"components.{component}"), component).python_func
+        print(made.table)
 
 
 def _finite(metrics: dict[str, Any]) -> dict[str, float]:

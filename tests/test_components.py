@@ -263,3 +263,48 @@ def test_every_component_body_imports_from_the_repository_root_alone() -> None:
     out = subprocess.run([sys.executable, "-c", "\n".join(imports)], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_the_train_step_places_its_inputs_by_typed_replacement_and_keys_reuse_on_the_rest(tmp_path: Path) -> None:
+    """Where the inputs and the run are (paths, the tracking target) never changes the defining
+    configuration; anything else does; placing a configuration leaves the given one unchanged."""
+    from dataclasses import replace
+
+    from pipelines.steps.artifacts import ArtifactRef, StepContext
+    from pipelines.steps.train import PLACED, defining_config, placed
+    from trace_core.config import load_config
+    from trace_core.training.config import TrainConfig
+
+    base = load_config(TrainConfig, None, ["task.family=qa", "task.train_file='{testbed}/pool.jsonl'"])
+    moved = load_config(TrainConfig, None, ["task.family=qa", "task.train_file=/elsewhere/pool.jsonl",
+                                            "output_dir=/somewhere", "policy_model=/models/p",
+                                            "task.data_dir=/d", "tracking.tracking_uri=http://host:5000"])
+    assert defining_config(base) == defining_config(moved)
+    assert defining_config(base) != defining_config(replace(base, budget=replace(base.budget, roots_M=32)))
+    assert defining_config(base)["task"]["data_dir"] == PLACED
+    with_warmup = replace(base, predictor_warmup=replace(base.predictor_warmup, task_file="{testbed}/warmup.jsonl"))
+    assert defining_config(with_warmup) != defining_config(base)  # the warm-up counts as on/off
+    ctx = StepContext(str(tmp_path), False, "sqlite:///x.db", "exp")
+    cfg = placed(with_warmup, ArtifactRef("/data"), ArtifactRef("/index"), ArtifactRef("/policy"),
+                 ArtifactRef("/bed"), ctx, tmp_path / "run")
+    assert (cfg.task.train_file, cfg.predictor_warmup.task_file) == ("/bed/pool.jsonl", "/bed/warmup.jsonl")
+    assert (cfg.task.data_dir, cfg.task.index_dir, cfg.policy_model) == ("/data", "/index", "/policy")
+    assert cfg.tracking.tracking_uri == "sqlite:///x.db" and cfg.tracking.spool_dir == str(tmp_path / "run" / "spool")
+    assert with_warmup.task.train_file == "{testbed}/pool.jsonl"  # the given configuration is unchanged
+    assert defining_config(cfg) == defining_config(with_warmup)
+
+
+def test_artifact_metadata_travels_as_a_dict_and_refuses_a_key_it_does_not_know() -> None:
+    from pipelines.steps.artifacts import ArtifactMetadata, ArtifactRef
+
+    made = ArtifactMetadata(fingerprint="f", method="trace", run_id="r", score=0.25, primary_metric="pass_at_1")
+    assert made.to_dict() == {"fingerprint": "f", "method": "trace", "run_id": "r", "score": 0.25,
+                              "primary_metric": "pass_at_1"}
+    assert ArtifactMetadata.from_dict(made.to_dict()) == made
+
+    class Artifact:  # what a KFP artifact hands a component: a path and a metadata dict
+        path = "/x"
+        metadata = {"fingerprint": "f", "fingerprnt": "typo"}
+
+    with pytest.raises(ValueError, match=r"artifact /x: keys \['fingerprnt'\] are not fields of ArtifactMetadata"):
+        ArtifactRef.of(Artifact())

@@ -561,3 +561,25 @@ def test_submit_and_schedule_send_the_pipeline_its_parameters_and_the_schedule(t
         assert len(api.posted("/experiments")) == 1
     finally:
         api.close()
+
+
+def test_the_dvc_stages_call_the_steps_and_reach_neither_kubeflow_nor_a_component() -> None:
+    """``dvc.yaml``'s stages run ``pipelines.steps`` with their typed inputs: nothing they import,
+    directly or through one another, is a component or imports kfp (no imitation KFP artifacts)."""
+    import ast
+
+    from pipelines.lineage import import_closure
+
+    closure = import_closure("pipelines.stages", roots=("pipelines", "components", "trace_core"))
+    assert not [m for m in closure if m.startswith("components")]
+    assert {"pipelines.steps.train", "pipelines.steps.evaluate", "pipelines.steps.compare"} <= set(closure)
+
+    def imports_kfp(path: Path) -> bool:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "kfp" or n.startswith("kfp.") for n in names):
+                return True
+        return False
+
+    assert not [m for m, path in closure.items() if imports_kfp(path)]

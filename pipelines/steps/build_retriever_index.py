@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.lineage import StageCache, closure_digest, copy_tree, fingerprint, lineage_tags
-from pipelines.steps.artifacts import ArtifactRef, StepContext
+from pipelines.steps.artifacts import ArtifactMetadata, ArtifactRef, StepContext
 
 STAGE = "build_retriever_index"
 
@@ -16,7 +16,7 @@ STAGE = "build_retriever_index"
 class BuiltIndex:
     """What build_retriever_index made: the index artifact's metadata."""
 
-    metadata: dict[str, Any]  # fingerprint, passages, run_id, dvc_md5
+    metadata: ArtifactMetadata  # fingerprint, passages, run_id, dvc_md5
 
 
 def run_build_retriever_index(data: ArtifactRef, cfg: dict[str, Any], ctx: StepContext, out: str) -> BuiltIndex:
@@ -38,7 +38,7 @@ def run_build_retriever_index(data: ArtifactRef, cfg: dict[str, Any], ctx: StepC
             TrackingConfig(tracking_uri=ctx.tracking_uri, experiment=ctx.experiment, run_name=STAGE,
                            spool_dir=str(work / "spool")),
             tags={"pipeline.step": STAGE,
-                  **lineage_tags(dvc_data_hash=data.metadata.get("dvc_md5", ""), kfp_run_id=ctx.kfp_run_id,
+                  **lineage_tags(dvc_data_hash=data.metadata.dvc_md5, kfp_run_id=ctx.kfp_run_id,
                                  config=cfg)})
         tracker.log_params(cfg)
         tracker.log_metrics({"passages": float(report.num_passages), "dim": float(report.dim),
@@ -47,5 +47,5 @@ def run_build_retriever_index(data: ArtifactRef, cfg: dict[str, Any], ctx: StepC
         tracker.close()
         record = cache.commit(STAGE, fp, {"passages": report.num_passages, "run_id": tracker.run_id})
     copy_tree(cache.entry(STAGE, fp) / "index", out)
-    return BuiltIndex({"fingerprint": fp, "passages": record["passages"], "run_id": record["run_id"],
-                       "dvc_md5": data.metadata.get("dvc_md5", "")})
+    return BuiltIndex(ArtifactMetadata(fingerprint=fp, passages=record["passages"], run_id=record["run_id"],
+                                       dvc_md5=data.metadata.dvc_md5))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.lineage import StageCache, closure_digest, fingerprint, lineage_tags
-from pipelines.steps.artifacts import ArtifactRef, StepContext
+from pipelines.steps.artifacts import ArtifactMetadata, ArtifactRef, StepContext
 
 if TYPE_CHECKING:
     from trace_core.tracking import Tracker
@@ -26,7 +26,7 @@ class Comparison:
     compare_run: str  # the compare step's MLflow run
     training_runs: dict[str, str]  # method -> its training run
     plots: list[str]  # the plot files (PNG), sorted
-    metadata: dict[str, Any]  # the table artifact's: fingerprint, run_id, training_runs
+    metadata: ArtifactMetadata  # the table artifact's: fingerprint, run_id, training_runs
 
 
 def _fmt(value: float | None, percent: bool = False) -> str:
@@ -58,7 +58,7 @@ def run_compare(reports: list[ArtifactRef], methods: list[str], ctx: StepContext
     missing = [m for m in methods if m not in loaded]
     if missing:
         raise ValueError(f"no report for methods {missing}; got {sorted(loaded)}")
-    fp = fingerprint(STAGE, [loaded[m][1]["fingerprint"] for m in methods], methods, closure_digest(__name__))
+    fp = fingerprint(STAGE, [loaded[m][1].fingerprint for m in methods], methods, closure_digest(__name__))
     cache = StageCache(ctx.workspace, enabled=ctx.reuse)
     record = cache.lookup(STAGE, fp)
     if record is None:
@@ -67,7 +67,7 @@ def run_compare(reports: list[ArtifactRef], methods: list[str], ctx: StepContext
     Path(out).write_text(text)
     plots = sorted(str(p) for p in (cache.entry(STAGE, fp) / "plots").glob("*.png"))
     return Comparison(text, record["run_id"], record["training_runs"], plots,
-                      {"fingerprint": fp, "run_id": record["run_id"], "training_runs": record["training_runs"]})
+                      ArtifactMetadata(fingerprint=fp, run_id=record["run_id"], training_runs=record["training_runs"]))
 
 
 def _compare(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], methods: list[str], ctx: StepContext,
@@ -97,7 +97,7 @@ def _compare(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], methods: 
                        spool_dir=str(work / "spool")),
         tags={"pipeline.step": STAGE, "compare.methods": ",".join(methods),
               **{f"compare.run.{m}": reports[m]["run_id"] for m in methods},
-              **lineage_tags(dvc_data_hash=loaded[methods[0]][1].get("dvc_md5", ""), kfp_run_id=ctx.kfp_run_id,
+              **lineage_tags(dvc_data_hash=loaded[methods[0]][1].dvc_md5, kfp_run_id=ctx.kfp_run_id,
                              config=methods)})
     metrics = {}
     for m, r in zip(methods, runs, strict=True):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.lineage import StageCache, closure_digest, copy_tree, fingerprint
-from pipelines.steps.artifacts import ArtifactRef, StepContext
+from pipelines.steps.artifacts import ArtifactMetadata, ArtifactRef, StepContext
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class Evaluated:
     score: float  # the train family's average of the primary metric (NaN when it was not measured)
     primary_metric: str  # e.g. pass_at_1
     family: str  # the train task family (math, qa, fc)
-    metadata: dict[str, Any]  # fingerprint, method, run_id, score, primary_metric
+    metadata: ArtifactMetadata  # fingerprint, method, run_id, score, primary_metric
 
 
 def run_evaluate(trained: ArtifactRef, data: ArtifactRef, index: ArtifactRef, step: dict[str, Any],
@@ -28,10 +28,10 @@ def run_evaluate(trained: ArtifactRef, data: ArtifactRef, index: ArtifactRef, st
     into the training run and write the result JSON to ``out``."""
     from trace_core.evaluation import FAMILY_DEFAULTS
 
-    method, run_id = trained.metadata["method"], trained.metadata["run_id"]
+    method, run_id = trained.metadata.method, trained.metadata.run_id
     family = train_cfg["task"]["family"]
     names = step["benchmarks"] or list(FAMILY_DEFAULTS[family])
-    fp = fingerprint("evaluate", trained.metadata["fingerprint"], index.metadata["fingerprint"], step, names,
+    fp = fingerprint("evaluate", trained.metadata.fingerprint, index.metadata.fingerprint, step, names,
                      train_cfg["agent"], train_cfg["task"]["envs"], closure_digest(__name__))
     stage = f"evaluate-{method}"
     cache = StageCache(ctx.workspace, enabled=ctx.reuse)
@@ -43,8 +43,8 @@ def run_evaluate(trained: ArtifactRef, data: ArtifactRef, index: ArtifactRef, st
     copy_tree(cache.entry(stage, fp) / "eval" / "result.json", out)
     score = float(record["score"])
     return Evaluated(score, record["primary_metric"], family,
-                     {"fingerprint": fp, "method": method, "run_id": run_id, "score": score,
-                      "primary_metric": record["primary_metric"]})
+                     ArtifactMetadata(fingerprint=fp, method=method, run_id=run_id, score=score,
+                                      primary_metric=record["primary_metric"]))
 
 
 def _evaluate(trained: ArtifactRef, data: ArtifactRef, index: ArtifactRef, step: dict[str, Any],
@@ -55,10 +55,15 @@ def _evaluate(trained: ArtifactRef, data: ArtifactRef, index: ArtifactRef, step:
     from trace_core.evaluation import evaluate as run_evaluation
     from trace_core.tracking import MLflowTracker, TrackingConfig
 
-    method, run_id = trained.metadata["method"], trained.metadata["run_id"]
+    method, run_id = trained.metadata.method, trained.metadata.run_id
     family = train_cfg["task"]["family"]
+    from trace_core.envs.families import family_names, get_family
+
     envs = copy.deepcopy(train_cfg["task"]["envs"])  # the caller's JSON stays as it was
-    envs["qa"]["index_dir"] = index.path
+    for name in family_names():  # every family that reads a retriever index reads the pipeline's
+        spec = get_family(name)
+        if spec.needs_index and spec.section in envs:
+            envs[spec.section]["index_dir"] = index.path
     engine = train_cfg["engine"]
     config = from_dict(EvalConfig, {
         "name": method,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.lineage import StageCache, code_digest, copy_tree, fingerprint, lineage_tags
-from pipelines.steps.artifacts import StepContext
+from pipelines.steps.artifacts import ArtifactMetadata, StepContext
 
 STAGE = "prepare_data"
 SOURCES = ("regenerate", "dvc-pull", "path")
@@ -22,7 +22,7 @@ class PreparedData:
     """What prepare_data made: the data version and the data artifact's metadata."""
 
     version: str  # the DVC md5 of the validated data directory
-    metadata: dict[str, Any]  # fingerprint, dvc_md5, source, run_id, files
+    metadata: ArtifactMetadata  # fingerprint, dvc_md5, source, run_id, files
 
 
 def run_prepare_data(cfg: dict[str, Any], ctx: StepContext, out: str) -> PreparedData:
@@ -47,8 +47,8 @@ def run_prepare_data(cfg: dict[str, Any], ctx: StepContext, out: str) -> Prepare
     if record is None:
         record = _prepare(cfg, ctx, cache, fp, version)
     copy_tree(cache.entry(STAGE, fp) / "data", out)
-    return PreparedData(version, {"fingerprint": fp, "dvc_md5": version, "source": source,
-                                  "run_id": record["run_id"], "files": len(record["validated"])})
+    return PreparedData(version, ArtifactMetadata(fingerprint=fp, dvc_md5=version, source=source,
+                                                  run_id=record["run_id"], files=len(record["validated"])))
 
 
 def _prepare(cfg: dict[str, Any], ctx: StepContext, cache: StageCache, fp: str, version: str) -> dict[str, Any]:

@@ -6,16 +6,15 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from pipelines.steps.artifacts import ArtifactRef
+from pipelines.steps.artifacts import ArtifactMetadata, ArtifactRef
 
 
 @dataclass(frozen=True)
 class Profiled:
     """What profile made: the report artifact's metadata."""
 
-    metadata: dict[str, Any]  # method, run_id, fingerprint (the evaluation's), dvc_md5
+    metadata: ArtifactMetadata  # method, run_id, fingerprint (the evaluation's), dvc_md5
 
 
 def cost_table(method: str, steps: int, shares: dict[str, float], breakdown: str) -> str:
@@ -37,7 +36,7 @@ def run_profile(trained: ArtifactRef, evaluation: ArtifactRef, tracking_uri: str
 
     folder = Path(trained.path)
     summary = json.loads((folder / "summary.json").read_text())
-    method, run_id = trained.metadata["method"], trained.metadata["run_id"]
+    method, run_id = trained.metadata.method, trained.metadata.run_id
     shares = {p: float(summary["cost_fractions"].get(p, 0.0)) for p in PHASES}
     final = summary.get("final", {})
     step_s = float(final.get("cost/step_s", float("nan")))
@@ -51,8 +50,8 @@ def run_profile(trained: ArtifactRef, evaluation: ArtifactRef, tracking_uri: str
             "last_step_seconds": step_s, "final": final, "means": means, "history": history,
             "pool_success": summary.get("pool_success") or [], "warmup": summary.get("warmup"),
             "pool_samples": train_cfg["pool_success"]["samples"], "allocations": allocations,
-            "evaluation": json.loads(Path(evaluation.path).read_text()), "score": evaluation.metadata["score"],
-            "primary_metric": evaluation.metadata["primary_metric"]}
+            "evaluation": json.loads(Path(evaluation.path).read_text()), "score": evaluation.metadata.score,
+            "primary_metric": evaluation.metadata.primary_metric}
     Path(report_out).write_text(json.dumps(data, indent=1, default=float))
     (Path(workspace) / "profile").mkdir(parents=True, exist_ok=True)
     spool = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=Path(workspace) / "profile"))
@@ -64,5 +63,5 @@ def run_profile(trained: ArtifactRef, evaluation: ArtifactRef, tracking_uri: str
     tracker.log_metrics({f"profile/{p}_share": s for p, s in shares.items()}, step=0, timestamp=stamp)
     tracker.log_artifact(spool / "cost_breakdown.md", "profile")
     tracker.flush()
-    return Profiled({"method": method, "run_id": run_id, "fingerprint": evaluation.metadata["fingerprint"],
-                     "dvc_md5": trained.metadata.get("dvc_md5", "")})
+    return Profiled(ArtifactMetadata(method=method, run_id=run_id, fingerprint=evaluation.metadata.fingerprint,
+                                     dvc_md5=trained.metadata.dvc_md5))

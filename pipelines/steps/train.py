@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.lineage import StageCache, closure_digest, copy_tree, fingerprint, lineage_tags
-from pipelines.steps.artifacts import ArtifactRef, StepContext
+from pipelines.steps.artifacts import ArtifactMetadata, ArtifactRef, StepContext
 
 if TYPE_CHECKING:
     from trace_core.training.config import TrainConfig
@@ -34,35 +33,50 @@ class Trained:
     """What train made: the MLflow run id and the trained artifact's metadata."""
 
     run_id: str  # the training run in MLflow
-    metadata: dict[str, Any]  # fingerprint, method, run_id, dvc_md5
+    metadata: ArtifactMetadata  # fingerprint, method, run_id, dvc_md5
 
 
-def defining_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """What defines a training result in the TrainConfig JSON ``raw``: everything but where things
-    are and where the run is logged (the predictor's warm-up file only as on/off)."""
-    defining = {k: v for k, v in raw.items() if k not in ("output_dir", "policy_model", "tracking", "progress")}
-    defining["task"] = {k: v for k, v in raw["task"].items() if k not in ("data_dir", "index_dir", "train_file")}
-    defining["predictor_warmup"] = {k: v for k, v in raw["predictor_warmup"].items() if k != "task_file"}
-    defining["predictor_warmup"]["on"] = raw["predictor_warmup"]["task_file"] is not None
-    return defining
+PLACED = "<placed by the step>"  # a location field's value in the defining configuration
+
+
+def defining_config(cfg: TrainConfig) -> dict[str, Any]:
+    """What defines a training result: ``cfg`` with every field that only says where things are
+    or where the run is logged (paths, the tracking target, progress bars) replaced by a fixed
+    placeholder, through typed replacement; the predictor's warm-up file counts only as on/off."""
+    from dataclasses import replace
+
+    from trace_core.config import to_dict
+    from trace_core.tracking import TrackingConfig
+
+    warm = cfg.predictor_warmup
+    anonymous = replace(cfg, output_dir=PLACED, policy_model=PLACED, tracking=TrackingConfig(), progress=False,
+                        task=replace(cfg.task, data_dir=PLACED, index_dir=None, train_file=None),
+                        predictor_warmup=replace(warm, task_file=None if warm.task_file is None else PLACED))
+    return to_dict(anonymous)
 
 
 def run_train(method: str, data: ArtifactRef, index: ArtifactRef, warm_policy: ArtifactRef, testbed: ArtifactRef,
               raw: dict[str, Any], placement: Placement, ctx: StepContext, out: str) -> Trained:
     """Train ``method`` from ``warm_policy`` with the TrainConfig JSON ``raw`` and write
     :data:`TRAINED_FILES` to ``out``. A rerun after a crash resumes from the checkpoints."""
-    defining = defining_config(raw)
-    fp = fingerprint("train", method, defining, warm_policy.metadata["fingerprint"], data.metadata["fingerprint"],
-                     index.metadata["fingerprint"], testbed.metadata.get("fingerprint", ""), placement.gpus,
+    from dataclasses import replace
+
+    from trace_core.config import from_dict
+    from trace_core.training.config import TrainConfig
+
+    given = replace(from_dict(TrainConfig, raw), method=method)
+    defining = defining_config(given)
+    fp = fingerprint("train", method, defining, warm_policy.metadata.fingerprint, data.metadata.fingerprint,
+                     index.metadata.fingerprint, testbed.metadata.fingerprint, placement.gpus,
                      placement.nodes, closure_digest(__name__))  # all the code it can run
     stage = f"train-{method}"
     cache = StageCache(ctx.workspace, enabled=ctx.reuse)
     record = cache.lookup(stage, fp)
     if record is None:
         work = cache.start(stage, fp, resume=True)  # a rerun after a crash resumes from the checkpoints
-        cfg = _place(method, raw, data, index, warm_policy, testbed, ctx, work / "run")
+        cfg = placed(given, data, index, warm_policy, testbed, ctx, work / "run")
         tags = {"method": method, "task": cfg.task.family, "pipeline.step": "train",
-                **lineage_tags(dvc_data_hash=data.metadata.get("dvc_md5", ""), kfp_run_id=ctx.kfp_run_id,
+                **lineage_tags(dvc_data_hash=data.metadata.dvc_md5, kfp_run_id=ctx.kfp_run_id,
                                config=defining)}
         bed_file = Path(testbed.path) / "testbed.json"
         if bed_file.is_file():  # the testbed's hash goes with every result on it
@@ -72,28 +86,26 @@ def run_train(method: str, data: ArtifactRef, index: ArtifactRef, warm_policy: A
     run_dir = cache.entry(stage, fp) / "run"
     for name in TRAINED_FILES:
         copy_tree(run_dir / name, Path(out) / name)
-    return Trained(record["run_id"], {"fingerprint": fp, "method": method, "run_id": record["run_id"],
-                                      "dvc_md5": data.metadata.get("dvc_md5", "")})
+    return Trained(record["run_id"], ArtifactMetadata(fingerprint=fp, method=method, run_id=record["run_id"],
+                                                      dvc_md5=data.metadata.dvc_md5))
 
 
-def _place(method: str, raw: dict[str, Any], data: ArtifactRef, index: ArtifactRef, warm_policy: ArtifactRef,
-           testbed: ArtifactRef, ctx: StepContext, run_dir: Path) -> TrainConfig:
-    """``raw`` with the method, the inputs' paths and the tracking target filled in, as a
-    TrainConfig; ``{testbed}`` in its file paths becomes the testbed folder."""
-    from trace_core.config import from_dict
-    from trace_core.training.config import TrainConfig
+def placed(cfg: TrainConfig, data: ArtifactRef, index: ArtifactRef, warm_policy: ArtifactRef, testbed: ArtifactRef,
+           ctx: StepContext, run_dir: Path) -> TrainConfig:
+    """``cfg`` with the inputs' paths, the run folder and the tracking target filled in (typed
+    replacement; ``cfg`` itself is unchanged); ``{testbed}`` in its file paths becomes the
+    testbed folder."""
+    from dataclasses import replace
 
-    raw = copy.deepcopy(raw)  # the caller's JSON stays as it was
-    raw.update(method=method, output_dir=str(run_dir), policy_model=warm_policy.path, progress=False)
-
-    def place(path):  # "{testbed}/pool.jsonl" -> this run's testbed folder
+    def place(path: str | None) -> str | None:  # "{testbed}/pool.jsonl" -> this run's testbed folder
         return None if path is None else path.replace("{testbed}", testbed.path)
 
-    raw["task"].update(data_dir=data.path, index_dir=index.path, train_file=place(raw["task"]["train_file"]))
-    raw["predictor_warmup"]["task_file"] = place(raw["predictor_warmup"]["task_file"])
-    raw["tracking"].update(tracking_uri=ctx.tracking_uri, experiment=ctx.experiment, run_name=method,
-                           spool_dir=str(run_dir / "spool"))
-    return from_dict(TrainConfig, raw)
+    return replace(
+        cfg, output_dir=str(run_dir), policy_model=warm_policy.path, progress=False,
+        task=replace(cfg.task, data_dir=data.path, index_dir=index.path, train_file=place(cfg.task.train_file)),
+        predictor_warmup=replace(cfg.predictor_warmup, task_file=place(cfg.predictor_warmup.task_file)),
+        tracking=replace(cfg.tracking, tracking_uri=ctx.tracking_uri, experiment=ctx.experiment, run_name=cfg.method,
+                         spool_dir=str(run_dir / "spool")))
 
 
 def _train(cfg: TrainConfig, tags: dict[str, str], method: str, fp: str, placement: Placement, work: Path) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.lineage import StageCache, closure_digest, copy_tree, fingerprint, lineage_tags, tree_digest
-from pipelines.steps.artifacts import ArtifactRef, StepContext
+from pipelines.steps.artifacts import ArtifactMetadata, ArtifactRef, StepContext
 
 if TYPE_CHECKING:
     from trace_core.tracking import Tracker
@@ -23,8 +23,8 @@ class WarmStart:
     """What warm_start made: where the policy came from and the two artifacts' metadata."""
 
     origin: str  # "sft" or "registry:<model>/<version>"
-    policy_metadata: dict[str, Any]  # fingerprint, origin, run_id, dvc_md5
-    testbed_metadata: dict[str, Any]  # fingerprint
+    policy_metadata: ArtifactMetadata  # fingerprint, origin, run_id, dvc_md5
+    testbed_metadata: ArtifactMetadata  # fingerprint
 
 
 def run_warm_start(data: ArtifactRef, index: ArtifactRef, cfg: dict[str, Any], agent: dict[str, Any],
@@ -46,7 +46,7 @@ def run_warm_start(data: ArtifactRef, index: ArtifactRef, cfg: dict[str, Any], a
         fp = fingerprint(STAGE, origin, start.run_id)
     else:
         origin = "sft"
-        fp = fingerprint(STAGE, origin, data.metadata["fingerprint"], cfg, agent,
+        fp = fingerprint(STAGE, origin, data.metadata.fingerprint, cfg, agent,
                          closure_digest(__name__))
     cache = StageCache(ctx.workspace, enabled=ctx.reuse)
     record = cache.lookup(STAGE, fp)
@@ -56,7 +56,7 @@ def run_warm_start(data: ArtifactRef, index: ArtifactRef, cfg: dict[str, Any], a
             TrackingConfig(tracking_uri=ctx.tracking_uri, experiment=ctx.experiment, run_name=f"warm_start ({origin})",
                            spool_dir=str(work / "spool")),
             tags={"pipeline.step": STAGE, "warm_start.origin": origin,
-                  **lineage_tags(dvc_data_hash=data.metadata.get("dvc_md5", ""), kfp_run_id=ctx.kfp_run_id,
+                  **lineage_tags(dvc_data_hash=data.metadata.dvc_md5, kfp_run_id=ctx.kfp_run_id,
                                  config={"warm_start": cfg, "agent": agent})})
         if start is not None:
             from pipelines.registry import download_policy
@@ -75,9 +75,9 @@ def run_warm_start(data: ArtifactRef, index: ArtifactRef, cfg: dict[str, Any], a
         if (entry / name).is_file():
             copy_tree(entry / name, Path(testbed_out) / name)
     return WarmStart(record["origin"],
-                     {"fingerprint": fp, "origin": record["origin"], "run_id": record["run_id"],
-                      "dvc_md5": data.metadata.get("dvc_md5", "")},
-                     {"fingerprint": fp})
+                     ArtifactMetadata(fingerprint=fp, origin=record["origin"], run_id=record["run_id"],
+                                      dvc_md5=data.metadata.dvc_md5),
+                     ArtifactMetadata(fingerprint=fp))
 
 
 def _sft(data: ArtifactRef, index: ArtifactRef, cfg: dict[str, Any], agent: dict[str, Any], work: Path,
