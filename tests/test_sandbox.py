@@ -774,11 +774,57 @@ def test_large_job_is_fed_without_blocking(sandbox):
 def test_init_alarm_stops_the_cell_if_the_host_does_not(hostile, monkeypatch):
     import trace_core.envs.sandbox as sandbox_module
 
-    # the init's backstop alarm at 1 s, before the host's own 2 s deadline
-    monkeypatch.setattr(sandbox_module, "_INIT_DEADLINE_GRACE_S", -TIGHT.wall_seconds + 1.0)
+    # the init's backstop alarm (start-up's allowance, the cell's 2 s and its grace, counted from the
+    # init's start) brought to 1 s, before the host's own deadline
+    monkeypatch.setattr(sandbox_module, "_INIT_DEADLINE_GRACE_S", -TIGHT.startup_seconds - TIGHT.wall_seconds + 1.0)
     result = hostile("import time\ntime.sleep(600)", stopped=True)
     assert not result.timed_out and result.exit_code == -signal.SIGKILL
     assert result.killed_reason == "wall-clock limit of 2 s exceeded"
+
+
+def _slow_runner(tmp_path, seconds: float) -> str:
+    """The real runner with `seconds` of sleep before its ready line: a start-up as slow as a loaded host's."""
+    import trace_core.envs.sandbox as sandbox_module
+
+    source = Path(sandbox_module._RUNNER).read_text()
+    anchor = "    random.seed(job[\"seed\"])\n"
+    assert anchor in source
+    slow = tmp_path / "_sandbox_runner.py"
+    slow.write_text(source.replace(anchor, f"    time.sleep({seconds})\n" + anchor))
+    slow.chmod(0o644)
+    tmp_path.chmod(0o755)
+    return str(slow)
+
+
+def test_a_slow_start_up_counts_against_no_cell(canary_env, monkeypatch, tmp_path, fault):
+    """On a loaded host start-up takes seconds; before the ready line it counted against the cell's
+    wall clock, and a 2 s cell that needs no time at all timed out."""
+    import trace_core.envs.sandbox as sandbox_module
+
+    monkeypatch.setattr(sandbox_module, "_RUNNER", _slow_runner(tmp_path, 3.0))
+    result = PythonSandbox(TIGHT, verify=False).run("print(6 * 7)")
+    fault.check("a 3 s start-up left a 2 s cell its time", 1, int(result.completed))
+    assert result.completed and result.observation == "42", result.observation
+    assert result.startup_seconds is not None and result.startup_seconds >= 3.0
+    assert result.cell_wall_seconds[0] < TIGHT.wall_seconds
+    assert result.wall_seconds >= result.startup_seconds + result.cell_wall_seconds[0] - 0.01
+
+
+def test_a_start_up_past_its_allowance_is_stopped_before_any_code(canary_env, monkeypatch, tmp_path, fault):
+    import dataclasses
+
+    import trace_core.envs.sandbox as sandbox_module
+
+    monkeypatch.setattr(sandbox_module, "_RUNNER", _slow_runner(tmp_path, 30.0))
+    config = dataclasses.replace(TIGHT, startup_seconds=1.0)
+    result = PythonSandbox(config, verify=False).run("print('never')")
+    fault.check("a stuck start-up stopped at its allowance", 1, int(result.timed_out and not result.completed))
+    assert result.timed_out and not result.completed and result.startup_seconds is None
+    assert "never" not in result.stdout
+    assert result.killed_reason == "sandbox start-up took more than 1 s (a loaded host?); no code ran"
+    assert _leftovers() == []
+    with pytest.raises(ValueError, match="startup_seconds"):
+        dataclasses.replace(TIGHT, startup_seconds=0.0)
 
 
 def test_one_sandbox_serves_concurrent_calls(sandbox):

@@ -31,7 +31,7 @@ LIMITS = dict(uid=TEST_UID, uid_count=UIDS, gid=TEST_UID, memory_bytes=512 << 20
 TIGHT = SandboxConfig(cpu_seconds=1, wall_seconds=2.0, **LIMITS)
 CPU_BOUND = SandboxConfig(cpu_seconds=1, wall_seconds=20.0, **LIMITS)  # only the CPU limit can stop it
 FACTOR, SLACK = 2.0, 0.5
-TEARDOWN_S = 1.0  # kill + namespace teardown + a loaded machine, on top of the limit itself
+REACTION_S = 1.0  # from a deadline to the host's stopping the call, on a loaded machine
 VOID = "the sandbox's report channel held a forged or malformed report"
 
 FAULT_AREA = "sandbox (forged reports)"  # the fault summary's area of the tests with `fault`
@@ -65,6 +65,19 @@ def no_leftovers(fault):
     assert left == []
 
 
+def after_startup(result) -> float:
+    """Seconds of a call after sandbox start-up, which counts against no limit (seconds when loaded)."""
+    assert result.startup_seconds is not None, result.observation
+    return result.wall_seconds - result.startup_seconds
+
+
+def stopped_after_startup(result) -> float:
+    """When the host stopped the call, in seconds after start-up: what its clocks granted, without
+    the namespace's teardown, which takes seconds of its own on a loaded machine."""
+    assert result.startup_seconds is not None and result.stopped_seconds is not None, result.observation
+    return result.stopped_seconds - result.startup_seconds
+
+
 def report(**overrides: object) -> str:
     """A well-formed report of cell 0 as the runner writes it, with `overrides` applied."""
     rec: dict[str, object] = {"from": "runner", "kind": "cell", "index": 0, "error": None,
@@ -92,10 +105,15 @@ def forging(line: bytes, on_replay: str = "pass", exit_after: bool = True) -> st
 
 def test_a_well_formed_forgery_is_timed_by_the_host(tight):
     session = PythonToolSession(tight, FACTOR, SLACK)
-    first = session.execute(forging(report(wall_seconds=0.0, cpu_seconds=0.0).encode() + b"\n"))
+    # The cell takes 0.2 s and claims none of it. The host stamps each line when it reads it: the
+    # report came at least 0.2 s after the call started (a host descheduled past the ready line
+    # stamps both late, which shortens the cell's figure, never lengthens it).
+    cell = "import time\ntime.sleep(0.2)" + forging(report(wall_seconds=0.0, cpu_seconds=0.0).encode() + b"\n")
+    first = session.execute(cell)
     assert first.completed  # harmless: it claims nothing the host did not measure
     (wall,), (cpu,) = session.snapshot().cell_wall_seconds, session.snapshot().cell_cpu_seconds
-    assert 0 < wall <= first.wall_seconds and cpu <= (first.cpu_seconds or 0.0)
+    assert wall == first.cell_wall_seconds[0] <= after_startup(first)
+    assert first.startup_seconds + wall >= 0.2 and cpu <= (first.cpu_seconds or 0.0)
 
 
 def test_a_sleep_hidden_in_a_forged_cell_is_killed_on_replay(tight):
@@ -106,7 +124,7 @@ def test_a_sleep_hidden_in_a_forged_cell_is_killed_on_replay(tight):
     assert granted_wall <= FACTOR * first.wall_seconds + SLACK
     replayed = session.execute("print('never reached')")
     assert replayed.timed_out and not replayed.completed
-    assert replayed.wall_seconds <= TIGHT.wall_seconds + granted_wall + TEARDOWN_S
+    assert stopped_after_startup(replayed) <= TIGHT.wall_seconds + granted_wall + REACTION_S
     assert len(session.snapshot().cells) == 1
 
 
@@ -152,7 +170,7 @@ def test_the_visible_cell_is_not_lent_the_replay_grant(tight):
     result = session.execute("import time; time.sleep(40)")
     replay_end = result.cell_wall_seconds[0]
     assert result.timed_out
-    assert result.wall_seconds - replay_end <= TIGHT.wall_seconds + TEARDOWN_S
+    assert stopped_after_startup(result) - replay_end <= TIGHT.wall_seconds + REACTION_S
 
 
 def test_a_replay_report_forged_early_only_shortens_the_call(tight):
@@ -171,7 +189,7 @@ def test_a_replay_report_forged_early_only_shortens_the_call(tight):
     assert granted_wall > 3.0
     result = session.execute("print('never reached')")
     assert result.timed_out
-    assert result.wall_seconds <= TIGHT.wall_seconds + TEARDOWN_S  # the grant was never used
+    assert stopped_after_startup(result) <= TIGHT.wall_seconds + REACTION_S  # the grant was never used
 
 
 def test_a_restored_snapshot_buys_at_most_the_factor_times_the_limits(tight):
@@ -196,7 +214,7 @@ def test_a_forged_snapshot_of_many_cells_buys_at_most_the_snapshot_cap(tight):
     session.restore(forged)
     result = session.execute("print('never reached')")
     assert result.timed_out and not result.completed
-    assert result.wall_seconds <= cap + TIGHT.wall_seconds + TEARDOWN_S
+    assert stopped_after_startup(result) <= cap + TIGHT.wall_seconds + REACTION_S
     with pytest.raises(ValueError, match="max_replay_seconds"):
         PythonToolSession(tight, FACTOR, SLACK, max_replay_seconds=math.inf)
 
@@ -235,6 +253,7 @@ MALFORMED = {
     "error not a string": report(error=5),
     "memory_error not a bool": report(memory_error="yes"),
     "kind wrong": report(kind="exit"),
+    "a second ready line": '{"from": "runner", "kind": "ready"}',  # would restart start-up's clock
     "a list": "[0, 0.0, 0.0]",
     "a number": "7",
     "a string": '"cell"',

@@ -5,7 +5,8 @@ The job arrives as JSON on stdin: {"cells": [...], "seed": int, "cell_cpu_second
 order. Every cell but the last is a replay of the tool's earlier turns: its output (Python-level
 and fd-level, so subprocesses too) goes to /dev/null. The last cell is the one the agent sees: its
 stdout/stderr are the sandbox's.
-After each cell one JSON line goes to fd 3 for the host's bookkeeping: {"kind": "cell", "index",
+Before the first cell the runner writes {"from": "runner", "kind": "ready"} to fd 3 (start-up is
+over); after each cell one JSON line goes there for the host's bookkeeping: {"kind": "cell", "index",
 "error", "memory_error", "wall_seconds", "cpu_seconds"}. The code runs in this process and can write
 fd 3 too, so the host believes none of it: it times the cells by its own clock as it reads the
 lines, bounds the CPU figures by the init's measurement, and voids a call whose lines are not
@@ -78,6 +79,8 @@ def main() -> None:
     os.set_inheritable(saved_out, False)
     os.set_inheritable(saved_err, False)
     random.seed(job["seed"])
+    # Ends start-up for the host's clocks; written before any cell, so no code can have forged it.
+    status.write('{"from": "runner", "kind": "ready"}\n')
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     cells = job["cells"]
     for index, source in enumerate(cells):

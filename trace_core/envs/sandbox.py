@@ -51,8 +51,11 @@ at the cell's own limit. A replay is granted `replay_time_factor` times the sum 
 nor `replay_time_factor` x the cells' limits, whatever the code writes; and the whole snapshot's
 grant is capped at `max_replay_seconds`, however many cells it holds (a forged snapshot of 1,000
 cells buys no more than one of three).
-The visible cell's wall clock starts when the replay's last report is read, so a replay that
-finishes early lends it nothing, and a report forged early only shortens it. Reports are parsed
+No clock of the call starts before the runner's first line, written before any cell runs (so
+before any code could write the channel): sandbox start-up, which takes ~0.1 s on an idle host and
+seconds on a loaded one, is bounded by `startup_seconds` of its own and never counts against a
+cell or a replay. The visible cell's wall clock starts when the replay's last report is read, so a
+replay that finishes early lends it nothing, and a report forged early only shortens it. Reports are parsed
 defensively: a line that is not a well-formed report of the next cell, with finite times no larger
 than the host measured for the whole call, voids the call (a stopped cell and a tool error for the
 agent, never an exception in the host and never extra time).
@@ -87,6 +90,7 @@ _INIT_DEADLINE_GRACE_S = 2.0  # the init's own alarm, a backstop should the host
 _RUNNER_CHANNEL_CAP = 1 << 20  # bytes of bookkeeping records read from the runner before ignoring it
 _MAX_REPORT_BYTES = 16 << 10  # a genuine report is < 4 kB (its error text is cut at 500 characters)
 _MAX_ERROR_CHARS = 500
+_READY_LINE = b'{"from": "runner", "kind": "ready"}'  # the runner's first line, before any cell
 _REPORT_TOLERANCE_S = 0.05  # clock granularity between the runner's figures and the host's
 _REPORT_KEYS = ("kind", "index", "error", "memory_error", "wall_seconds", "cpu_seconds")
 
@@ -103,9 +107,13 @@ class SandboxConfig:
         (RLIMIT_CPU; SIGXCPU then SIGKILL). A replay is granted a multiple of the CPU its cells were
         measured to use on top (see `PythonToolSession`).
     wall_seconds: wall-clock time of the visible cell, counted from the end of the replay (from
-        the call's start, sandbox start-up ~0.1 s included, when there is none); the host kills the
-        whole namespace when it passes, and in any case once the call has run wall_seconds plus the
-        replay's grant, a multiple of its cells' measured time (see `PythonToolSession`).
+        the end of start-up when there is none); the host kills the whole namespace when it
+        passes, and in any case once the call has run wall_seconds plus the replay's grant after
+        start-up, a multiple of its cells' measured time (see `PythonToolSession`).
+    startup_seconds: the most wall-clock time sandbox start-up (namespaces, mounts, the
+        interpreter, reading the job) may take before the runner's first line; ~0.1 s on an idle
+        host, seconds on a loaded one. It counts against no cell; past it the call is stopped
+        before any code ran.
     memory_bytes: address space per process (RLIMIT_AS). Allocations beyond it raise MemoryError.
         The most one call can hold is about max_processes * memory_bytes + tmp_bytes + shm_bytes.
     max_output_bytes: stdout + stderr bytes the agent sees; a cell that prints more is stopped and
@@ -134,6 +142,7 @@ class SandboxConfig:
 
     cpu_seconds: int = 5
     wall_seconds: float = 10.0
+    startup_seconds: float = 30.0
     memory_bytes: int = 1 << 30
     max_output_bytes: int = 16 << 10
     max_processes: int = 32
@@ -154,6 +163,7 @@ class SandboxConfig:
         positive = (
             "cpu_seconds",
             "wall_seconds",
+            "startup_seconds",
             "memory_bytes",
             "max_output_bytes",
             "max_processes",
@@ -199,12 +209,17 @@ class SandboxResult:
     memory_error: that exception was a MemoryError (the memory limit was reached).
     completed: the visible cell ran to its end (with or without an exception); only such cells
         become part of a tool session's state.
-    wall_seconds: host-measured time of the whole call.
+    wall_seconds: host-measured time of the whole call, start-up included.
+    startup_seconds: host clock from the call's start to reading the runner's first line (written
+        before any cell runs); None when it never came.
+    stopped_seconds: host clock from the call's start to the moment the host stopped it (wall
+        clock or output cap), before the teardown that `wall_seconds` includes; None when the host
+        did not stop it.
     cpu_seconds: CPU time of the runner and the children it waited for (all cells of the call), as
         the init measured it; None when the host killed the sandbox first.
     max_rss_bytes: peak resident memory of the runner.
     cell_wall_seconds: per reported cell, the host clock between reading the report before it (or
-        the call's start) and reading its own; only cells with a well-formed report in order.
+        the runner's first line) and reading its own; only cells with a well-formed report in order.
     cell_cpu_seconds: per reported cell, the runner's figure, but never more than this call's
         `cpu_seconds` (or its CPU limit, when that is unknown): the code can write the figure, so
         it can only ever lower what a replay is granted.
@@ -224,6 +239,8 @@ class SandboxResult:
     max_rss_bytes: int | None
     cell_wall_seconds: list[float] = field(default_factory=list)
     cell_cpu_seconds: list[float] = field(default_factory=list)
+    startup_seconds: float | None = None
+    stopped_seconds: float | None = None
     memory_limit_bytes: int = 0
     max_output_bytes: int = 0
 
@@ -353,13 +370,17 @@ def _base_env(config: SandboxConfig) -> dict[str, str]:
 class _ReportChannel:
     """The runner's report lines, each stamped with the host clock at the moment the host read it.
 
+    The first line is the runner's `_READY_LINE`, written before any cell runs: it ends start-up,
+    and is trusted because no code of the call has run yet. `lines` holds the lines after it.
     Bytes past `_RUNNER_CHANNEL_CAP` are drained but not kept (the code could write forever).
     """
 
     def __init__(self, start: float) -> None:
         self.start = start
+        self.ready: float | None = None  # seconds since the call started that the ready line was read
         self.lines: list[tuple[float, bytes]] = []  # (seconds since the call started, line)
         self.size = 0
+        self._first: bytes | None = None  # the first line, whatever it was
         self._partial = bytearray()
 
     def feed(self, chunk: bytes, now: float) -> None:
@@ -368,13 +389,21 @@ class _ReportChannel:
             return
         self._partial += chunk
         *complete, rest = self._partial.split(b"\n")
-        self.lines.extend((now - self.start, bytes(line)) for line in complete)
         self._partial = bytearray(rest)
+        for line in complete:
+            if self._first is None:
+                self._first = bytes(line)
+                if self._first == _READY_LINE:
+                    self.ready = now - self.start
+                continue
+            self.lines.append((now - self.start, bytes(line)))
 
     def problem(self) -> str | None:
         """What makes the channel as a whole unreadable, if anything."""
         if self.size > _RUNNER_CHANNEL_CAP:
             return f"more than {_RUNNER_CHANNEL_CAP} bytes of reports"
+        if self._first is not None and self.ready is None:
+            return "its first line is not the runner's start-up line"
         if self._partial:
             return f"an unterminated line after line {len(self.lines)}"
         return None
@@ -459,7 +488,9 @@ def _read_reports(
     after the last cell is as wrong as a malformed one.
     """
     reports: list[_CellReport] = []
-    for number, (arrived, raw) in enumerate(channel.lines, 1):
+    if channel.ready is None:
+        return reports, channel.problem()
+    for number, (arrived, raw) in enumerate(channel.lines, 1):  # numbered after the ready line
         if len(reports) == n_cells:
             return reports, f"line {number}: a report after the last cell's"
         report = _parse_report(raw, arrived, len(reports), n_cells, host_wall, host_cpu)
@@ -469,10 +500,10 @@ def _read_reports(
     return reports, channel.problem()
 
 
-def _cell_walls(reports: Sequence[_CellReport]) -> list[float]:
-    """Host-clock seconds of each cell: from reading the report before it (or the call's start,
-    sandbox start-up included) to reading its own."""
-    walls, previous = [], 0.0
+def _cell_walls(reports: Sequence[_CellReport], ready: float) -> list[float]:
+    """Host-clock seconds of each cell: from reading the report before it (or the runner's ready
+    line, which ends start-up) to reading its own."""
+    walls, previous = [], ready
     for report in reports:
         walls.append(max(0.0, report.arrived - previous))
         previous = report.arrived
@@ -625,7 +656,7 @@ class PythonSandbox:
         runner_r, runner_w = os.pipe()
         start = time.monotonic()
         try:
-            spec = self._spec(uid, init_w, runner_w, cpu_hard, c.wall_seconds + replay_seconds)
+            spec = self._spec(uid, init_w, runner_w, cpu_hard, c.startup_seconds + c.wall_seconds + replay_seconds)
             argv = [self._unshare, *_UNSHARE_FLAGS, c.python, "-I", "-S", str(_INIT), json.dumps(spec)]
             proc = subprocess.Popen(
                 argv,
@@ -640,9 +671,8 @@ class PythonSandbox:
         finally:
             os.close(init_w)
             os.close(runner_w)
-        deadline = start + c.wall_seconds + replay_seconds
         try:
-            outcome = self._collect(proc, job, init_r, runner_r, start, deadline, n_cells)
+            outcome = self._collect(proc, job, init_r, runner_r, start, replay_seconds, n_cells)
         finally:
             if proc.poll() is None:
                 _terminate(proc)
@@ -660,21 +690,24 @@ class PythonSandbox:
         init_r: int,
         runner_r: int,
         start: float,
-        deadline: float,
+        replay_seconds: float,
         n_cells: int,
     ) -> dict:
         """Feeds the job, reads all channels until EOF, kills on wall clock or output cap.
 
         The job is written through the same loop, so a large job can never block the host past
-        the deadline. Once the host has read as many report lines as there are replayed cells, the
-        visible cell has `wall_seconds` from then on: what the replay did not use of its grant is
-        not lent to it, and a report written early by the code only brings its deadline closer.
+        the deadline. Until the runner's ready line is read the deadline is start-up's own; from
+        then the call has `wall_seconds` plus the replay's grant. Once the host has read as many
+        report lines as there are replayed cells, the visible cell has `wall_seconds` from then on:
+        what the replay did not use of its grant is not lent to it, and a report written early by
+        the code only brings its deadline closer.
         """
         cap = self.config.max_output_bytes
         streams = {"stdout": bytearray(), "stderr": bytearray(), "init": bytearray()}
         reports = _ReportChannel(start)
-        out = {"timed_out": False, "truncated": False, "streams": streams, "reports": reports}
-        visible_clock_started = n_cells == 1  # no replay: the call's own deadline is the cell's
+        out = {"timed_out": False, "truncated": False, "stopped": None, "streams": streams, "reports": reports}
+        deadline = start + self.config.startup_seconds
+        call_clock_started = visible_clock_started = False
         pending = memoryview(job)
         sel = selectors.DefaultSelector()
         os.set_blocking(proc.stdin.fileno(), False)
@@ -689,6 +722,7 @@ class PythonSandbox:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     out["timed_out"] = True
+                    out["stopped"] = time.monotonic() - start
                     _terminate(proc)
                     break
                 for key, _ in sel.select(timeout=min(remaining, 0.5)):
@@ -709,7 +743,12 @@ class PythonSandbox:
                     if name == "runner":
                         now = time.monotonic()
                         reports.feed(chunk, now)
-                        if not visible_clock_started and len(reports.lines) >= n_cells - 1:
+                        if reports.ready is not None and not call_clock_started:
+                            call_clock_started = True
+                            deadline = reports.start + reports.ready + self.config.wall_seconds + replay_seconds
+                        # no replay: the call's deadline is the cell's
+                        if call_clock_started and not visible_clock_started and n_cells > 1 \
+                                and len(reports.lines) >= n_cells - 1:
                             visible_clock_started = True
                             replay_done = reports.start + reports.lines[n_cells - 2][0]
                             deadline = min(deadline, replay_done + self.config.wall_seconds)
@@ -720,6 +759,7 @@ class PythonSandbox:
                         buf += chunk[: max(0, cap - (visible - len(chunk)))]
                         if visible > cap and not out["truncated"]:
                             out["truncated"] = True
+                            out["stopped"] = time.monotonic() - start
                             _terminate(proc)
                     elif len(buf) < _RUNNER_CHANNEL_CAP:
                         buf += chunk
@@ -767,8 +807,10 @@ class PythonSandbox:
             wall_seconds=wall,
             cpu_seconds=cpu,
             max_rss_bytes=exit_rec.get("max_rss_bytes"),
-            cell_wall_seconds=_cell_walls(reports),
+            cell_wall_seconds=_cell_walls(reports, out["reports"].ready or 0.0),
             cell_cpu_seconds=[min(r.cpu_seconds, host_cpu) for r in reports],
+            startup_seconds=out["reports"].ready,
+            stopped_seconds=out["stopped"],
             memory_limit_bytes=c.memory_bytes,
             max_output_bytes=c.max_output_bytes,
         )
@@ -784,6 +826,8 @@ class PythonSandbox:
         c = self.config
         exit_code = exit_rec.get("exit_code")
         cpu = exit_rec.get("cpu_seconds")
+        if out["timed_out"] and out["reports"].ready is None:
+            return f"sandbox start-up took more than {c.startup_seconds:g} s (a loaded host?); no code ran"
         if out["timed_out"] or exit_rec.get("deadline_expired"):
             return f"wall-clock limit of {c.wall_seconds:g} s exceeded"
         if out["truncated"]:
@@ -845,8 +889,10 @@ def _terminate(proc: subprocess.Popen, grace_seconds: float = 5.0) -> None:
     So waiting for unshare after killing the init proves nothing of the call is left. Killing
     unshare instead would also work (--kill-child), but returns before the namespace is torn down.
     """
+    inits, unshare_killed = [], False
     if proc.poll() is None:
-        for child in _children(proc.pid):
+        inits = _children(proc.pid)
+        for child in inits:
             try:
                 os.kill(child, signal.SIGKILL)  # a child of our unshare, not yet reaped: no pid reuse
             except ProcessLookupError:
@@ -854,8 +900,28 @@ def _terminate(proc: subprocess.Popen, grace_seconds: float = 5.0) -> None:
         try:
             proc.wait(timeout=grace_seconds)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            proc.kill()  # --kill-child: the init gets SIGKILL when unshare dies, and is torn down
+            unshare_killed = True
     proc.wait()
+    # Killed, unshare returns before the namespace is gone (on a loaded host its teardown can take
+    # seconds): wait for the init itself, as the guarantee above says. Only then: an init unshare
+    # reaped is gone, and its pid may already be another process's.
+    for pid in inits if unshare_killed else ():
+        _wait_gone(pid, grace_seconds * 6)
+
+
+def _wait_gone(pid: int, timeout_seconds: float) -> None:
+    """Returns once `pid` has exited (gone or a zombie), or after `timeout_seconds`."""
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
 
 
 def _signal_name(sig: int) -> str:
