@@ -451,6 +451,46 @@ def test_the_same_configuration_on_the_finished_folder_resumes_it(contested_run,
     assert steps == [0, 1, 2, 3, 4] and run.info.status == "FINISHED"
 
 
+KILLED_BEFORE_CHECKPOINT = """
+import os, sys
+from trace_core.config import load_config
+from trace_core.training.config import TrainConfig
+from trace_core.training.trainer import Trainer
+Trainer(load_config(TrainConfig, None, sys.argv[1:]))  # the tracking run and its spool exist now
+os._exit(9)  # killed before its first step: no checkpoint
+"""
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_refused_to_another_configuration(tiny_models, tmp_path) -> None:
+    """No checkpoint to compare with, but a spool whose tracking run the tracker would resume:
+    another method on the folder is refused, naming the field; the same configuration resumes that
+    very run and finishes it."""
+    from mlflow.tracking import MlflowClient
+
+    out, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["engine.kind=hf", *tiny_overrides(tiny_models[0], out, uri, "trace", steps=2)]
+    killed = subprocess.run([sys.executable, "-c", KILLED_BEFORE_CHECKPOINT, *args], cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == 9, killed.stderr[-3000:]
+    assert (out / "spool").is_dir() and not (out / "checkpoints" / "latest").exists()
+    (run,) = _runs_of(uri, out)
+    other = subprocess.run([*TRACE_RL, "train", *args, "method=grpo"], cwd=tmp_path, env=_env(),
+                           capture_output=True, text=True, timeout=600)
+    assert other.returncode == 2, other.stderr[-3000:]
+    line = other.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"trace-rl: output_dir {out} holds the tracking spool of a run stopped before its "
+                           "first checkpoint of another run: "), line
+    assert "method = 'trace' in the spool, 'grpo' here" in line, line
+    assert [r.info.run_id for r in _runs_of(uri, out)] == [run.info.run_id]
+    assert MlflowClient(uri).get_run(run.info.run_id).data.params["method"] == "trace"
+    same = subprocess.run([*TRACE_RL, "train", *args], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=1200)
+    assert same.returncode == 0, same.stderr[-3000:]
+    (resumed,) = _runs_of(uri, out)
+    steps = sorted(m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "effective_ratio"))
+    assert resumed.info.run_id == run.info.run_id and steps == [0, 1] and resumed.info.status == "FINISHED"
+
+
 NEW_STORE = """
 import sys, time
 from pathlib import Path

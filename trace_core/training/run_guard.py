@@ -15,8 +15,10 @@ system calls, a JSON file or two, one hash of the training file):
   deletes a checkpoint another trainer is loading, because no other trainer can be loading one.
 * :func:`run_identity` and :func:`check_resume`: the result-defining fields of a run (method,
   advantage, budget, seeds, the data: its family, the digest of its file) are kept in every
-  checkpoint; a resume whose configuration differs in any of them is refused, naming each field
-  with the checkpoint's value and this configuration's (``steps`` may grow: that extends a run).
+  checkpoint, and beside the tracking spool from the moment the run exists (``RUN_IDENTITY_FILE``:
+  a run killed before its first checkpoint has a spool and a tracking run but no checkpoint); a
+  resume whose configuration differs in any of them is refused, naming each field with the
+  folder's value and this configuration's (``steps`` may grow: that extends a run).
 
 :class:`RunRefused` (a folder held by another writer, a checkpoint of another configuration) and
 :class:`~trace_core.config.ConfigError` are what ``trace-rl train`` reports in one line with
@@ -37,6 +39,8 @@ from trace_core.envs.families import get_family
 from trace_core.locks import LOCK_NAME, HeldLock, LockHeld, hold, lead_process
 from trace_core.tracking import sqlite_path
 from trace_core.training.config import TrainConfig
+
+RUN_IDENTITY_FILE = "run_identity.json"  # in output_dir, written when the tracking run is created
 
 
 class RunRefused(RuntimeError):
@@ -225,18 +229,20 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_resume(saved: dict[str, Any] | None, now: dict[str, Any], checkpoint: Path) -> None:
-    """Refuse to resume ``checkpoint`` (whose run had identity ``saved``) with a configuration
-    of identity ``now`` when any result-defining field differs; a checkpoint written before
-    identities were kept (``saved`` None) is resumed as before. Only the fields both identities
-    hold are compared: a field renamed or added since the checkpoint was written is not a
-    difference of the run."""
+def check_resume(saved: dict[str, Any] | None, now: dict[str, Any], output_dir: Path, held: str,
+                 source: str = "checkpoint") -> None:
+    """Refuse to go on with what ``output_dir`` holds (``held``, in words: a checkpoint, or the
+    tracking spool of a run stopped before its first one; ``source``, the noun the message gives
+    its values), made by a run of identity ``saved``,
+    under a configuration of identity ``now`` when any result-defining field differs; a folder
+    written before identities were kept (``saved`` None) goes on as before. Only the fields both
+    identities hold are compared: a field renamed or added since is not a difference of the run."""
     if saved is None:
         return
     differ = [k for k in sorted(set(saved) & set(now)) if saved[k] != now[k]]
     if not differ:
         return
-    shown = "; ".join(f"{k} = {saved.get(k)!r} in the checkpoint, {now.get(k)!r} here" for k in differ)
-    raise RunRefused(f"output_dir {checkpoint.parent.parent} holds a checkpoint ({checkpoint.name}) of another "
-                     f"run: {shown}. Resuming would mix two runs: use another output_dir, or the checkpoint's "
-                     "values to resume it")
+    shown = "; ".join(f"{k} = {saved.get(k)!r} in the {source}, {now.get(k)!r} here" for k in differ)
+    raise RunRefused(f"output_dir {output_dir} holds {held} of another run: {shown}. Going on would mix two "
+                     "runs: use another output_dir, or the values it was made with to resume it")
+

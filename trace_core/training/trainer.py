@@ -44,10 +44,18 @@ from trace_core.training.config import TrainConfig
 from trace_core.training.heartbeat import Heartbeat
 from trace_core.training.policy import PolicyOptimizer
 from trace_core.training.profiler import PhaseProfiler
-from trace_core.training.run_guard import check_inputs, check_resume, hold_output_dir, index_dir_of, run_identity
+from trace_core.training.run_guard import (
+    RUN_IDENTITY_FILE,
+    check_inputs,
+    check_resume,
+    hold_output_dir,
+    index_dir_of,
+    run_identity,
+)
 from trace_core.tree import ROOT, RolloutTree, save_trees
 
 STATE_FILE = "trainer_state.json"
+SPOOL_DIR = "spool"  # in output_dir: the tracker's records not yet confirmed by the store
 
 
 # ============================================================================ tasks
@@ -255,7 +263,14 @@ class Trainer:
         latest = self._latest_checkpoint()
         if latest is not None:
             saved = json.loads((latest / STATE_FILE).read_text()).get("identity")
-            check_resume(saved, self.identity, latest)
+            check_resume(saved, self.identity, self.out, f"a checkpoint ({latest.name})")
+            return
+        # Killed before its first checkpoint, a run leaves its tracking run in the spool, which the
+        # tracker resumes: the identity written beside it when the run was created decides.
+        marker = self.out / RUN_IDENTITY_FILE
+        if (self.out / SPOOL_DIR).exists() and marker.is_file():
+            check_resume(json.loads(marker.read_text()), self.identity, self.out,
+                         "the tracking spool of a run stopped before its first checkpoint", source="spool")
 
     def _check_prompt_lengths(self, tasks: Sequence[Task], where: dict[str, str]) -> None:
         """Every prompt, rendered as the rollout renders it, leaves the model room for its first
@@ -285,12 +300,15 @@ class Trainer:
     def _build_tracker(self) -> Tracker:
         from dataclasses import replace
 
-        tcfg = replace(self.cfg.tracking, spool_dir=str(self.out / "spool"),
+        tcfg = replace(self.cfg.tracking, spool_dir=str(self.out / SPOOL_DIR),
                        run_name=self.cfg.tracking.run_name or f"{self.cfg.method}-seed{self.cfg.seed}")
         tracker = MLflowTracker(tcfg, run_id=self.state.run_id,
                                 tags={"method": self.cfg.method, "task": self.cfg.task.family})
         if self.state.run_id is None:
             tracker.log_params(flatten(self.cfg))
+        marker = self.out / RUN_IDENTITY_FILE
+        marker.with_suffix(".tmp").write_text(json.dumps(self.identity, indent=1, sort_keys=True))
+        os.replace(marker.with_suffix(".tmp"), marker)
         return tracker
 
     # ------------------------------------------------------------------ data
