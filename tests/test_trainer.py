@@ -3,6 +3,7 @@ and a run killed with SIGKILL that resumes into the same MLflow run with no step
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -71,7 +72,10 @@ def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, t
     trees = load_trees(client.download_artifacts(summary["run_id"], logged[0], str(tmp_path / "dl")))
     assert sum(len(t.outcomes()) for t in trees) == final["budget/trajectories"]
     assert effective_ratio(trees) == pytest.approx(run.data.metrics["effective_ratio"])
-    trained = [t for t in trees if t.root.info.get("group_filter") != "dropped"]  # a group filter's drops yield nothing
+    # a group filter's drops yield nothing: the allocation record says which trees were trained on
+    record = json.loads((tmp_path / method / "allocations" / "step00000.json").read_text())
+    assert len(record["kept"]) == len(trees)
+    trained = [t for t, kept in zip(trees, record["kept"], strict=True) if kept]
     adv = iter(METHODS[method].advantage_estimator(cfg.advantage)(trained))
     all_adv = [next(adv) if t in trained else np.zeros(len(t.nodes)) for t in trees]
     recount = contrastive_yield(trees, all_adv)
@@ -222,7 +226,9 @@ def test_capped_dapo_spends_at_most_the_budget_and_counts_its_dropped_groups(vll
     for step in range(2):
         metrics = {k: vals[step] for k, vals in trainer.state.history.items()}
         trees = load_trees(out / "trees" / f"step{step:05d}.jsonl.gz")
-        dropped = [t for t in trees if t.root.info.get("group_filter") == "dropped"]
+        record = json.loads((out / "allocations" / f"step{step:05d}.json").read_text())
+        dropped = [t for t, kept in zip(trees, record["kept"], strict=True) if not kept]
+        assert [t.prompt_id for t in dropped] == record["dropped"]
         kept = [t for t in trees if t not in dropped]
         spent = sum(len(t.outcomes()) for t in trees)  # dropped groups included
         assert spent == metrics["budget/trajectories"] == metrics["counts/rollouts"] <= total

@@ -412,9 +412,6 @@ class Trainer:
         trees = result.trees
         kept = [bool(k) for k in result.kept]
         trained = [t for t, k in zip(trees, kept, strict=True) if k]
-        for tree, k in zip(trees, kept, strict=True):
-            if not k:
-                tree.root.info["group_filter"] = "dropped"  # the logged trees say which were not trained on
         # Predictions made before the update (roots: stage 1; anchors: stage 2) for honest Spearman.
         predictions = []
         for tree, anchor_pred in zip(trees, result.anchor_predictions, strict=True):
@@ -438,6 +435,8 @@ class Trainer:
         metrics.update({f"policy/{k2}": float(v2) for k2, v2 in ostats.items()})
         allocation = {"pool": [t.id for t in pool], "v": [float(x) for x in v], "m": [int(x) for x in m],
                       "k_by_position": [int(x) for x in alloc.k_by_position],
+                      # which of the logged trees (in their file's order) the policy trained on
+                      "kept": kept,
                       "dropped": [t.prompt_id for t, kk in zip(trees, kept, strict=True) if not kk],
                       "rounds": int(result.rounds)}
         self._record_root_outcomes(step, trees, root_pred)
