@@ -28,12 +28,14 @@ PART_OF = ("app.kubernetes.io/part-of", "trace-rl")
 
 
 def image(name: str) -> str:
-    """The pinned reference of an ``infra/images`` entry."""
-    from components import IMAGES
+    """The pinned reference of an ``infra/images`` entry (read from the images file itself: the
+    placement needs no component)."""
+    from infra.build_images import load_images
 
-    if name not in IMAGES:
-        raise ValueError(f"image {name!r} is not pinned in infra/images/kustomization.yaml ({sorted(IMAGES)})")
-    return IMAGES[name]
+    images = load_images()  # the same mapping the components pin their images from
+    if name not in images:
+        raise ValueError(f"image {name!r} is not pinned in infra/images/kustomization.yaml ({sorted(images)})")
+    return images[name]
 
 
 def _common(task: Any, plat: PlatformConfig, cpu: str, memory: str) -> None:
