@@ -707,7 +707,7 @@ class PythonSandbox:
         reports = _ReportChannel(start)
         out = {"timed_out": False, "truncated": False, "stopped": None, "streams": streams, "reports": reports}
         deadline = start + self.config.startup_seconds
-        call_clock_started = visible_clock_started = False
+        visible_clock_started = False
         pending = memoryview(job)
         sel = selectors.DefaultSelector()
         os.set_blocking(proc.stdin.fileno(), False)
@@ -742,13 +742,14 @@ class PythonSandbox:
                     name = key.data
                     if name == "runner":
                         now = time.monotonic()
+                        was_ready = reports.ready is not None
                         reports.feed(chunk, now)
-                        if reports.ready is not None and not call_clock_started:
-                            call_clock_started = True
-                            deadline = reports.start + reports.ready + self.config.wall_seconds + replay_seconds
-                        # no replay: the call's deadline is the cell's
-                        if call_clock_started and not visible_clock_started and n_cells > 1 \
-                                and len(reports.lines) >= n_cells - 1:
+                        if reports.ready is None:
+                            continue
+                        if not was_ready:  # start-up is over: the call's clock starts
+                            deadline = start + reports.ready + self.config.wall_seconds + replay_seconds
+                        # with no replay the call's deadline is the cell's
+                        if n_cells > 1 and not visible_clock_started and len(reports.lines) >= n_cells - 1:
                             visible_clock_started = True
                             replay_done = reports.start + reports.lines[n_cells - 2][0]
                             deadline = min(deadline, replay_done + self.config.wall_seconds)

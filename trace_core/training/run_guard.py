@@ -245,4 +245,3 @@ def check_resume(saved: dict[str, Any] | None, now: dict[str, Any], output_dir: 
     shown = "; ".join(f"{k} = {saved.get(k)!r} in the {source}, {now.get(k)!r} here" for k in differ)
     raise RunRefused(f"output_dir {output_dir} holds {held} of another run: {shown}. Going on would mix two "
                      "runs: use another output_dir, or the values it was made with to resume it")
-
