@@ -43,6 +43,7 @@ from trace_core.allocation import (
     root_value_beta,
     roots_trace,
     roots_uniform_all,
+    sample_in_rounds,
 )
 from trace_core.history import GresoConfig, HistoryView, PosteriorConfig, PromptHistory, beta_posterior
 
@@ -436,7 +437,7 @@ def test_every_method_spends_the_same_total_budget(name: str) -> None:
     assert m.shape == v.shape and all(x == 0 or x >= 2 for x in m)
     total = int(m.sum())
     for mi in m[m > 0]:
-        budget = method.prefix_budget(mi, spec)
+        budget = method.prefix_budget(mi, spec.expansion_N)
         anchors = int(rng.integers(1, 10))
         K = method.allocate_prefixes(rng.random(anchors), rng.integers(0, 2, anchors), budget, np.ones(anchors), rng)
         assert K.sum() == budget
@@ -727,3 +728,50 @@ def test_every_method_trains_with_the_tree_advantage_unless_told_otherwise():
         assert method.advantage_estimator("treepo") is ADVANTAGE_ESTIMATORS["treepo"]
     with pytest.raises(ValueError, match="default_advantage"):
         Method("x", roots_uniform_all, None, "", default_advantage="ppo")
+
+
+# ---------------------------------------------------------------------------- the step's shared rules
+def test_a_prompt_without_anchors_spends_its_prefix_budget_at_the_root_and_a_short_rule_is_refused():
+    trace = get_method("trace")
+    assert trace.prefix_budget(3, 2) == 6 and get_method("grpo").prefix_budget(8, 2) == 0
+    rng = np.random.default_rng(0)
+    empty = np.zeros(0)
+    placed = trace.place_prefixes(empty, empty, 6, empty.astype(np.int64), rng)
+    assert placed.extra_roots == 6 and placed.K.size == 0
+    placed = trace.place_prefixes(np.array([0.5, 0.9, 0.1]), np.array([1.0, 1.0, 0.0]), 4, np.array([1, 2, 1]), rng)
+    assert placed.extra_roots == 0 and placed.K.sum() == 4 and placed.K.shape == (3,)
+    stingy = dataclasses.replace(trace, prefix_rule=lambda p, r, budget, turn, rng: np.zeros(p.size, dtype=np.int64))
+    with pytest.raises(AssertionError, match="spent 0 of 4"):
+        stingy.place_prefixes(np.array([0.5]), np.array([1.0]), 4, np.array([1]), rng)
+
+
+def test_the_equal_budget_check_holds_slot_methods_only():
+    spec = BudgetSpec(roots_M=16, expansion_N=1)
+    get_method("trace").check_planned(spec, spec.total)
+    with pytest.raises(AssertionError, match="spends 31 != 32"):
+        get_method("grpo").check_planned(spec, 31)
+    get_method("dapo").check_planned(spec, 200)  # a round rule spends what its rounds sample
+
+
+def test_rounds_are_rolled_one_by_one_and_the_filter_keeps_groups_in_sampling_order():
+    method = get_method("dapo-capped")
+    spec = BudgetSpec(roots_M=64, expansion_N=0)  # target 4 mixed groups, rounds of 2 prompts
+    v = np.full(spec.pool_size, 0.5)
+    seen: list[np.ndarray] = []
+    outcomes = iter([[False, True], [True, False], [True, True], [True, True]])
+
+    def roll(m_r: np.ndarray) -> np.ndarray:
+        assert not any((m_r[s] > 0).any() for s in seen)  # a prompt is never sampled twice
+        seen.append(np.flatnonzero(m_r))
+        return np.array(next(outcomes))
+
+    sampled = sample_in_rounds(method, v, spec, np.random.default_rng(0), roll)
+    assert sampled.rounds == 3  # 1 + 1 + 2 mixed: the target is met after the third round
+    assert sampled.order.tolist() == np.concatenate(seen).tolist()
+    assert sampled.mixed.tolist() == [False, True, True, False, True, True]
+    assert sampled.kept.tolist() == sampled.mixed.tolist()  # four mixed groups, all within the target
+    assert (sampled.m > 0).sum() == 6 and sampled.m.sum() == 48
+    with pytest.raises(ValueError, match="rolled out 1 mixed flags"):
+        sample_in_rounds(method, v, spec, np.random.default_rng(0), lambda m_r: np.array([True]))
+    with pytest.raises(ValueError, match="no round rule"):
+        sample_in_rounds(get_method("grpo"), v, spec, np.random.default_rng(0), roll)

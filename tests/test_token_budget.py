@@ -348,7 +348,7 @@ def test_trace_tokens_is_a_registry_method_of_the_token_budget():
     with pytest.raises(ValueError, match="prices its rollouts in generated tokens"):
         method.allocate_roots(v, spec, np.random.default_rng(0))
     with pytest.raises(ValueError, match="prices its rollouts in generated tokens"):
-        method.prefix_budget(2, spec)
+        method.prefix_budget(2, spec.expansion_N)
     with pytest.raises(ValueError, match="tokens_per_step is None"):
         method.token_rule.plan(v, np.full(v.size, 100.0), np.full(v.size, 4.0), np.full(v.size, 0.5), spec)
     priced = BudgetSpec(16, 2, tokens_per_step=5000)

@@ -972,6 +972,59 @@ def next_checked_round(
 
 
 @dataclass(frozen=True)
+class SampledRounds:
+    """What a step's rounds sampled (:func:`sample_in_rounds`); the arrays over groups are in
+    sampling order — round by round, candidate order within a round."""
+
+    m: np.ndarray  # int64 (B,): bare rollouts per candidate over all rounds
+    order: np.ndarray  # int64 (groups,): the sampled candidates in sampling order
+    mixed: np.ndarray  # bool (groups,): the group holds both outcomes (metrics.is_mixed)
+    kept: np.ndarray  # bool (groups,): the group filter trains on the group
+    rounds: int  # rounds run
+
+
+def sample_in_rounds(
+    method: Method, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator,
+    roll: Callable[[np.ndarray], np.ndarray], history: HistoryView | None = None,
+) -> SampledRounds:
+    """A method's bare groups in rounds, the one loop the trainer's executor and the simulator run:
+    the pre-rollout filter once (:meth:`Method.round_candidates`, reading ``history``), then round
+    after round the group filter's next round (:func:`next_checked_round`), each rolled out by
+    ``roll`` before the next is chosen, until the rule stops; then the filter's keep decision over
+    every sampled group in sampling order. ``roll(m_r)`` rolls out one round (``m_r``: rollouts per
+    candidate) and returns whether each of its groups is mixed, in candidate order (the order of
+    ``np.flatnonzero(m_r)``)."""
+    rule = method.group_filter
+    if rule is None:
+        raise ValueError(f"method {method.name!r} has no round rule: it samples its roots at once")
+    v = np.asarray(v, dtype=np.float64)
+    eligible = method.round_candidates(v, spec, rng, history)
+    m = np.zeros(v.shape[0], dtype=np.int64)
+    order: list[np.ndarray] = []
+    flags: list[np.ndarray] = []
+    mixed = rounds = 0
+    while True:
+        m_r = next_checked_round(rule, v, m, mixed, rounds, spec, rng, eligible)
+        if not m_r.any():
+            break
+        sampled = np.flatnonzero(m_r)
+        round_mixed = np.asarray(roll(m_r), dtype=bool)
+        if round_mixed.shape != sampled.shape:
+            raise ValueError(f"a round of {sampled.size} groups rolled out {round_mixed.size} mixed flags")
+        mixed += int(round_mixed.sum())
+        order.append(sampled)
+        flags.append(round_mixed)
+        m += m_r
+        rounds += 1
+    order_all = np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
+    mixed_all = np.concatenate(flags) if flags else np.zeros(0, dtype=bool)
+    kept = np.asarray(rule.keep_groups(mixed_all, spec), dtype=bool)
+    if kept.shape != mixed_all.shape:
+        raise ValueError(f"keep_groups returned shape {kept.shape} for {mixed_all.size} groups")
+    return SampledRounds(m, order_all, mixed_all, kept, rounds)
+
+
+@dataclass(frozen=True)
 class DynamicSamplingConfig:
     """Dynamic sampling (DAPO, arXiv 2503.14476): rounds of fresh prompts × ``G``; groups of one
     outcome dropped, mixed ones kept up to the batch. The defaults are DAPO's as its authors run it
@@ -1153,6 +1206,14 @@ def prefixes_token_priced(
 
 
 @dataclass(frozen=True)
+class PrefixPlacement:
+    """Where one prompt's prefix budget went (:meth:`Method.place_prefixes`)."""
+
+    K: np.ndarray  # int64 (anchors,): continuations from each anchor
+    extra_roots: int  # continuations from the root: an anchorless prompt's whole budget
+
+
+@dataclass(frozen=True)
 class Method:
     """A named method: every rule a training step (the trainer's or the simulator's) takes from it.
 
@@ -1293,10 +1354,20 @@ class Method:
         """The estimator registered as ``name``, or the method's ``default_advantage`` when None."""
         return get_advantage_estimator(self.default_advantage if name is None else name)
 
-    def prefix_budget(self, m_i: int, spec: BudgetSpec) -> int:
+    def prefix_budget(self, m_i: int, expansion_N: int) -> int:
+        """Method §3's prefix budget of a prompt given ``m_i`` bare rollouts: ``m_i·N``
+        continuations for a method that expands, none for one that does not."""
         if self.prices_tokens:
             raise ValueError(f"method {self.name!r}: {_TOKEN_PRICED}")
-        return int(m_i) * spec.expansion_N if self.expands else 0
+        return int(m_i) * int(expansion_N) if self.expands else 0
+
+    def check_planned(self, spec: BudgetSpec, planned: int) -> None:
+        """The equal-budget contract of method §4: a step planned in trajectory slots spends
+        exactly ``spec.total``. A method sampling in rounds spends what its rounds sample (within
+        its rule's limits) and a token-priced one what its token budget buys, so neither is held
+        to it. AssertionError otherwise: a loud guard, not a condition to handle."""
+        if planned != spec.total and not (self.samples_in_rounds or self.prices_tokens):
+            raise AssertionError(f"{self.name}: spends {planned} != {spec.total}")
 
     def allocate_prefixes(
         self, p: object, r: object, budget: int, turn: object, rng: np.random.Generator
@@ -1307,6 +1378,22 @@ class Method:
             return np.zeros(np.asarray(p).shape[0], dtype=np.int64)
         p_arr, r_arr, t = _check_prefix_inputs(p, r, turn)
         return self.prefix_rule(p_arr, r_arr, int(budget), t, rng)
+
+    def place_prefixes(
+        self, p: object, r: object, budget: int, turn: object, rng: np.random.Generator
+    ) -> PrefixPlacement:
+        """Where one prompt's prefix ``budget`` goes, once its bare rollouts are done: over its
+        anchors by the prefix rule (``p``, ``r``, ``turn``: one entry per anchor), or — a prompt
+        whose rollouts left no anchor (all one turn long) — all of it as more rollouts from the
+        root, the depth-0 anchor (method §3). The executor and the simulator both place their
+        continuations here. AssertionError if the rule does not spend exactly ``budget``."""
+        n_anchors = np.asarray(p).shape[0]
+        if budget and n_anchors == 0:
+            return PrefixPlacement(np.zeros(0, dtype=np.int64), int(budget))
+        K = np.asarray(self.allocate_prefixes(p, r, budget, turn, rng), dtype=np.int64)
+        if int(K.sum()) != int(budget):
+            raise AssertionError(f"{self.name}: prefix allocation spent {int(K.sum())} of {int(budget)}")
+        return PrefixPlacement(K, 0)
 
 
 METHODS: dict[str, Method] = {}

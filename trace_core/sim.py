@@ -70,7 +70,7 @@ from typing import Protocol
 import numpy as np
 
 from trace_core.advantages import AdvantageEstimator
-from trace_core.allocation import BudgetSpec, Method, RoundRule, get_method, next_checked_round
+from trace_core.allocation import BudgetSpec, Method, SampledRounds, get_method, sample_in_rounds
 from trace_core.costs import (
     CostModel,
     CostState,
@@ -82,9 +82,10 @@ from trace_core.costs import (
     observe_continuations,
     remaining_tokens,
 )
-from trace_core.history import PromptHistory
+from trace_core.history import HistoryView, PromptHistory
 from trace_core.metrics import (
     allocation_stats,
+    is_mixed,
     per_exposure,
     predictor_spearman,
     spearman,
@@ -740,24 +741,8 @@ def run_step(
         raise ValueError(f"method {method.name!r} prices its step in generated tokens: the budget needs "
                          "tokens_per_step")
 
-    # ---- candidate pool, shuffled (the shuffle keeps method §2's promise that no prompt is
-    # favoured by its index even if a caller passes a fixed dataset order)
-    if pool is None:
-        if history is not None:
-            raise ValueError("a history needs a persistent pool: i.i.d. prompts never recur")
-        prompts, ids = sample_prompts(config, B, rng), None
-    else:
-        if pool.candidates_per_step != B:
-            raise ValueError(f"the pool serves {pool.candidates_per_step} candidates a step but the budget needs {B}")
-        if pool.config != config:
-            raise ValueError("the persistent pool was built with another SimConfig")
-        ids, prompts = pool.candidates()
-    if prompts.turn_tokens is None:
-        prompts = PromptPool(prompts.p0, prompts.horizon, prompts.feature, draw_turn_tokens(config, B, token_rng))
-    order = rng.permutation(B)
-    prompts = prompts.take(order)
-    ids = None if ids is None else ids[order]
-    step = 0 if pool is None else pool.step
+    # ---- candidate pool, shuffled
+    prompts, ids, step = _candidates(config, B, pool, history, rng, token_rng)
     model, costs = ledger.cost_model, ledger.costs
     root_cost = expected_root_tokens(costs, model, ids, n=B)  # ids None: fresh prompts, the policy's mean
     turns_est = expected_turns(costs, model, ids, n=B)
@@ -765,7 +750,7 @@ def run_step(
     # ---- stage 1: roots
     root_batch = HistoryBatch(prompts.feature, np.full((B, H), np.nan), np.zeros(B, dtype=np.int64), prompts.p0)
     v = _checked_scores(predictor.score(root_batch), B, "root")
-    rounds, sample_rank, plan = 1, None, None
+    rounds, sampled, plan = 1, None, None
     view = history.view(ids, step) if (history is not None and method.reads_history) else None
     if method.prices_tokens:  # stage 1 of the token budget: roots and each prompt's reservation
         fraction = expected_anchor_fraction(costs, model, turns_est)
@@ -782,13 +767,14 @@ def run_step(
             m = np.asarray(method.allocate_roots(v, spec, rng, history=view, explore_fraction=explore_fraction),
                            dtype=np.int64)
         else:  # the pre-rollout filter (where there is one) once, then the rounds over what it kept
-            eligible = method.round_candidates(v, spec, rng, view)
-            m, bare_prompt, bare, rounds, sample_rank = _sample_in_rounds(method.group_filter, v, prompts, spec,
-                                                                          config, rng, eligible)
-    prefix_budget = m * N if (method.expands and not method.prices_tokens) else np.zeros(B, dtype=np.int64)
+            sampled, bare_prompt, bare = _sample_in_rounds(method, v, prompts, spec, config, rng, view)
+            m, rounds = sampled.m, sampled.rounds
+    if method.prices_tokens:  # its stage 2 spends each prompt's allowance instead
+        prefix_budget = np.zeros(B, dtype=np.int64)
+    else:
+        prefix_budget = np.array([method.prefix_budget(mi, N) for mi in m.tolist()], dtype=np.int64)
     planned = int(m.sum() + prefix_budget.sum())
-    if planned != spec.total and not (method.samples_in_rounds or method.prices_tokens):
-        raise AssertionError(f"{method.name}: spends {planned} != {spec.total}")  # a round rule spends what it samples
+    method.check_planned(spec, planned)
     selected = np.flatnonzero(m)
 
     # ---- bare rollouts, grouped by prompt in pool order
@@ -800,18 +786,11 @@ def run_step(
     bare_tokens = path_tokens(prompts.turn_tokens[bare_prompt], np.zeros(R, dtype=np.int64),
                               prompts.horizon[bare_prompt], config, token_rng)
 
-    # ---- anchors: turns 1..T−1 of each bare rollout
-    n_anchor = prompts.horizon[bare_prompt] - 1
-    anchor_path = np.repeat(np.arange(R), n_anchor)
-    A = anchor_path.size
-    anchor_turn = 1 + np.arange(A) - np.repeat(np.cumsum(n_anchor) - n_anchor, n_anchor)
-    anchor_prompt = bare_prompt[anchor_path]
-    anchor_obs = bare.observations[anchor_path, 1:]
-    anchor_obs = np.where(np.arange(1, H + 1)[None, :] <= anchor_turn[:, None], anchor_obs, np.nan)
-    anchor_value = bare.values[anchor_path, anchor_turn]
-    anchor_batch = HistoryBatch(prompts.feature[anchor_prompt], anchor_obs, anchor_turn, anchor_value)
-    p = _checked_scores(predictor.score(anchor_batch), A, "anchor")
-    anchor_reward = bare.reward[anchor_path]
+    # ---- anchors: turns 1..T−1 of each bare rollout, scored
+    anchors = _anchors(prompts, bare_prompt, bare, H)
+    anchor_prompt, anchor_turn, anchor_reward = anchors.prompt, anchors.turn, anchors.reward
+    A = anchor_prompt.size
+    p = _checked_scores(predictor.score(anchors.histories), A, "anchor")
 
     # ---- stage 2: prefixes, prompt by prompt (method §3: a prompt needs only its own rollouts)
     K = np.zeros(A, dtype=np.int64)
@@ -833,56 +812,44 @@ def run_step(
         budget = int(prefix_budget[i])
         if budget == 0:
             continue
-        if a0 == a1:  # no anchors: the root is the depth-0 anchor
-            root_extra[i] = budget
-            continue
-        K[a0:a1] = method.allocate_prefixes(p[a0:a1], anchor_reward[a0:a1], budget, anchor_turn[a0:a1], rng)
+        placement = method.place_prefixes(p[a0:a1], anchor_reward[a0:a1], budget, anchor_turn[a0:a1], rng)
+        K[a0:a1] = placement.K
+        root_extra[i] = placement.extra_roots
     spent = int(m.sum() + K.sum() + root_extra.sum())
     if spent != planned:
         raise AssertionError(f"{method.name}: allocated {spent} rollouts != {planned}")
 
     # ---- continuations (from anchors, then extra root rollouts), grouped by prompt
-    cont_anchor = np.repeat(np.arange(A), K)
-    extra_prompt = np.repeat(np.arange(B), root_extra)
-    cont_prompt = np.concatenate([anchor_prompt[cont_anchor], extra_prompt])
-    cont_start_depth = np.concatenate([anchor_turn[cont_anchor], np.zeros(extra_prompt.size, dtype=np.int64)])
-    cont_start_value = np.concatenate([anchor_value[cont_anchor], prompts.p0[extra_prompt]])
-    cont_from_anchor = np.concatenate([cont_anchor, np.full(extra_prompt.size, -1, dtype=np.int64)])
-    by_prompt = np.argsort(cont_prompt, kind="stable")
-    cont_prompt, cont_start_depth = cont_prompt[by_prompt], cont_start_depth[by_prompt]
-    cont_start_value, cont_from_anchor = cont_start_value[by_prompt], cont_from_anchor[by_prompt]
-    cont = simulate_paths(cont_start_value, cont_start_depth, prompts.horizon[cont_prompt], config, rng)
-    cont_tokens = path_tokens(prompts.turn_tokens[cont_prompt], cont_start_depth, prompts.horizon[cont_prompt],
-                              config, token_rng)
+    cont = _continue(prompts, anchors, K, root_extra, config, rng, token_rng)
 
     # ---- trees
     trees, anchor_node = _build_trees(
-        prompts, selected, bare_prompt, bare, anchor_path, anchor_turn, cont_prompt, cont_start_depth,
-        cont_from_anchor, cont,
+        prompts, selected, bare_prompt, bare, anchors.path, anchor_turn, cont.prompt, cont.start_depth,
+        cont.from_anchor, cont.paths,
     )
     trajectories = sum(len(t.trajectories) for t in trees)
     if trajectories != planned:
         raise AssertionError(f"{method.name}: trees hold {trajectories} trajectories != {planned}")
     turns = sum(len(t.nodes) - 1 for t in trees)
     mixed = np.array([tree_is_mixed(t) for t in trees], dtype=bool)
-    if method.group_filter is None:
+    if sampled is None:
         kept = np.ones(len(trees), dtype=bool)
-    else:  # the group filter sees the groups in sampling order
-        by_rank = np.argsort(sample_rank[selected], kind="stable")
-        kept = np.zeros(len(trees), dtype=bool)
-        kept[by_rank] = np.asarray(method.group_filter.keep_groups(mixed[by_rank], spec), dtype=bool)
+    else:  # the group filter decided in sampling order; the trees are in pool order
+        kept_by_candidate = np.zeros(B, dtype=bool)
+        kept_by_candidate[sampled.order] = sampled.kept
+        kept = kept_by_candidate[selected]
     result = StepResult(
         method=method.name, trees=trees, tree_prompt=selected, pool_m=m, pool_pred=v, pool_value=prompts.p0,
         root_extra=root_extra, anchor_prompt=anchor_prompt, anchor_node=anchor_node, anchor_turn=anchor_turn,
         anchor_position=anchor_turn / prompts.horizon[anchor_prompt], anchor_reward=anchor_reward,
-        anchor_pred=p, anchor_value=anchor_value, anchor_K=K, trajectories=trajectories,
+        anchor_pred=p, anchor_value=anchors.value, anchor_K=K, trajectories=trajectories,
         turns_generated=turns, pool_ids=ids, tree_kept=kept, rounds=rounds,
-        generated_tokens=int(bare_tokens.sum() + cont_tokens.sum()), bare_tokens=bare_tokens, cont_tokens=cont_tokens,
+        generated_tokens=int(bare_tokens.sum() + cont.tokens.sum()), bare_tokens=bare_tokens, cont_tokens=cont.tokens,
         token_plan=plan,
     )
     ledger, token_figures = _next_ledger(ledger, method, v, root_cost, ids, bare_prompt, bare_tokens, prompts,
-                                         anchor_prompt, anchor_reward, anchor_cost, K, cont_from_anchor, cont_prompt,
-                                         cont_start_depth, cont.reward, cont_tokens)
+                                         anchor_prompt, anchor_reward, anchor_cost, K, cont.from_anchor, cont.prompt,
+                                         cont.start_depth, cont.paths.reward, cont.tokens)
     result.token_ledger = ledger
     if compute_metrics:
         result.metrics = simulator_metrics(result, method.advantage_estimator())
@@ -903,6 +870,81 @@ def run_step(
         if compute_metrics:
             result.metrics["pool_success"] = result.pool_success
     return result
+
+
+def _candidates(
+    config: SimConfig, B: int, pool: PersistentPool | None, history: PromptHistory | None, rng: np.random.Generator,
+    token_rng: np.random.Generator,
+) -> tuple[PromptPool, np.ndarray | None, int]:
+    """The step's ``B`` candidates, shuffled (so no prompt is favoured by its index even if a
+    caller passes a fixed dataset order: method §2's promise), with their dataset ids (persistent
+    pool only) and the step number."""
+    if pool is None:
+        if history is not None:
+            raise ValueError("a history needs a persistent pool: i.i.d. prompts never recur")
+        prompts, ids = sample_prompts(config, B, rng), None
+    else:
+        if pool.candidates_per_step != B:
+            raise ValueError(f"the pool serves {pool.candidates_per_step} candidates a step but the budget needs {B}")
+        if pool.config != config:
+            raise ValueError("the persistent pool was built with another SimConfig")
+        ids, prompts = pool.candidates()
+    if prompts.turn_tokens is None:
+        prompts = PromptPool(prompts.p0, prompts.horizon, prompts.feature, draw_turn_tokens(config, B, token_rng))
+    order = rng.permutation(B)
+    return prompts.take(order), None if ids is None else ids[order], 0 if pool is None else pool.step
+
+
+@dataclass(frozen=True)
+class _Anchors:
+    """The anchors of a step's bare rollouts (turns 1..T−1 of each), grouped by prompt."""
+
+    path: np.ndarray  # int64 (A,): the bare rollout through the anchor
+    turn: np.ndarray  # int64 (A,): t
+    prompt: np.ndarray  # int64 (A,): pool index of the anchor's prompt
+    value: np.ndarray  # float64 (A,): hidden V_t
+    reward: np.ndarray  # float64 (A,): reward of the bare rollout through the anchor
+    histories: HistoryBatch  # what a predictor sees at each anchor
+
+
+def _anchors(prompts: PromptPool, bare_prompt: np.ndarray, bare: Paths, H: int) -> _Anchors:
+    n_anchor = prompts.horizon[bare_prompt] - 1
+    path = np.repeat(np.arange(bare_prompt.size), n_anchor)
+    turn = 1 + np.arange(path.size) - np.repeat(np.cumsum(n_anchor) - n_anchor, n_anchor)
+    prompt = bare_prompt[path]
+    obs = np.where(np.arange(1, H + 1)[None, :] <= turn[:, None], bare.observations[path, 1:], np.nan)
+    value = bare.values[path, turn]
+    histories = HistoryBatch(prompts.feature[prompt], obs, turn, value)
+    return _Anchors(path, turn, prompt, value, bare.reward[path], histories)
+
+
+@dataclass(frozen=True)
+class _Continuations:
+    """A step's continuations (from anchors, then extra root rollouts), grouped by prompt."""
+
+    prompt: np.ndarray  # int64 (C,): pool index of the continuation's prompt
+    start_depth: np.ndarray  # int64 (C,): the turn it branches at (0: from the root)
+    from_anchor: np.ndarray  # int64 (C,): the anchor it branches at (−1: from the root)
+    paths: Paths
+    tokens: np.ndarray  # int64 (C,): generated tokens
+
+
+def _continue(
+    prompts: PromptPool, anchors: _Anchors, K: np.ndarray, root_extra: np.ndarray, config: SimConfig,
+    rng: np.random.Generator, token_rng: np.random.Generator,
+) -> _Continuations:
+    cont_anchor = np.repeat(np.arange(K.size), K)
+    extra_prompt = np.repeat(np.arange(root_extra.size), root_extra)
+    prompt = np.concatenate([anchors.prompt[cont_anchor], extra_prompt])
+    start_depth = np.concatenate([anchors.turn[cont_anchor], np.zeros(extra_prompt.size, dtype=np.int64)])
+    start_value = np.concatenate([anchors.value[cont_anchor], prompts.p0[extra_prompt]])
+    from_anchor = np.concatenate([cont_anchor, np.full(extra_prompt.size, -1, dtype=np.int64)])
+    by_prompt = np.argsort(prompt, kind="stable")
+    prompt, start_depth = prompt[by_prompt], start_depth[by_prompt]
+    start_value, from_anchor = start_value[by_prompt], from_anchor[by_prompt]
+    paths = simulate_paths(start_value, start_depth, prompts.horizon[prompt], config, rng)
+    tokens = path_tokens(prompts.turn_tokens[prompt], start_depth, prompts.horizon[prompt], config, token_rng)
+    return _Continuations(prompt, start_depth, from_anchor, paths, tokens)
 
 
 def _next_ledger(
@@ -950,34 +992,25 @@ def _next_ledger(
 
 
 def _sample_in_rounds(
-    rule: RoundRule, v: np.ndarray, prompts: PromptPool, spec: BudgetSpec, config: SimConfig, rng: np.random.Generator,
-    eligible: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, Paths, int, np.ndarray]:
-    """Bare groups in rounds over the ``eligible`` candidates: each round's groups are rolled out
-    before the rule picks the next, within the rule's limits (:func:`next_checked_round`).
-    Returns ``m``, the bare paths grouped by prompt in pool order, the number of rounds and each
-    candidate's rank in sampling order (−1: never sampled)."""
-    B = v.shape[0]
-    m = np.zeros(B, dtype=np.int64)
-    rank = np.full(B, -1, dtype=np.int64)
+    method: Method, v: np.ndarray, prompts: PromptPool, spec: BudgetSpec, config: SimConfig, rng: np.random.Generator,
+    view: HistoryView | None,
+) -> tuple[SampledRounds, np.ndarray, Paths]:
+    """The method's bare groups in rounds (:func:`~trace_core.allocation.sample_in_rounds`, the
+    trainer's loop), each round's paths simulated before the next is chosen. Returns what the
+    rounds sampled and the bare paths grouped by prompt in pool order."""
     parts: list[tuple[np.ndarray, Paths]] = []
-    mixed = rounds = 0
-    while True:
-        m_r = next_checked_round(rule, v, m, mixed, rounds, spec, rng, eligible)
-        if not m_r.any():
-            break
+
+    def roll(m_r: np.ndarray) -> np.ndarray:
         sel = np.flatnonzero(m_r)
         bp = np.repeat(sel, m_r[sel])
         paths = simulate_paths(prompts.p0[bp], np.zeros(bp.size, dtype=np.int64), prompts.horizon[bp], config, rng)
-        wins = np.bincount(bp, weights=paths.reward, minlength=B)[sel]
-        mixed += int(((wins > 0) & (wins < m_r[sel])).sum())
-        rank[sel] = int((rank >= 0).sum()) + np.arange(sel.size)
         parts.append((bp, paths))
-        m += m_r
-        rounds += 1
+        return np.array([is_mixed(paths.reward[bp == i]) for i in sel.tolist()], dtype=bool)
+
+    sampled = sample_in_rounds(method, v, spec, rng, roll, view)
     if not parts:
         empty = np.zeros((0, config.horizon_max + 1))
-        return m, np.zeros(0, dtype=np.int64), Paths(empty, empty.copy(), np.zeros(0)), rounds, rank
+        return sampled, np.zeros(0, dtype=np.int64), Paths(empty, empty.copy(), np.zeros(0))
     bp_all = np.concatenate([bp for bp, _ in parts])
     by_prompt = np.argsort(bp_all, kind="stable")
     paths = Paths(
@@ -985,7 +1018,7 @@ def _sample_in_rounds(
         observations=np.concatenate([q.observations for _, q in parts])[by_prompt],
         reward=np.concatenate([q.reward for _, q in parts])[by_prompt],
     )
-    return m, bp_all[by_prompt], paths, rounds, rank
+    return sampled, bp_all[by_prompt], paths
 
 
 def _build_trees(

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import BudgetSpec, Method, next_checked_round
+from trace_core.allocation import BudgetSpec, Method, sample_in_rounds
 from trace_core.history import HistoryView
 from trace_core.metrics import is_success, tree_is_mixed
 from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
@@ -199,7 +199,8 @@ class TreeGrowth:
                 env = self.env_factory(task)
                 prompt_ids = render_prompt(self.tokenizer, task, env.tool_descriptions(), self.agent)
                 tree = RolloutTree(task.id, prompt_ids, info={"question": task.question})
-                budget = 0 if self._expansion is None else int(mi) * self._expansion.expansion_N
+                expansion = self._expansion
+                budget = 0 if expansion is None else expansion.method.prefix_budget(int(mi), expansion.expansion_N)
                 state = _Prompt(task=task, tree=tree, m=int(mi), prefix_budget=budget, bare_left=int(mi))
                 self._prompts.append(state)
                 self._start_group(len(self._prompts) - 1, "bare", ROOT, int(mi), first_env=env)
@@ -354,28 +355,27 @@ class TreeGrowth:
             return
         tree = state.tree
         anchors = tree.anchors()
-        if not anchors:  # method §3: the root is the depth-0 anchor; spend the budget on extra roots
-            self._k_by_anchor[state.task.id] = {ROOT: budget}
-            self._event("expand", state, anchors=0, continuations=budget)
-            self._start_group(pi, "continuation", ROOT, budget)
-            return
-        t = time.perf_counter()
         expansion = self._expansion
         assert expansion is not None  # a prefix budget exists only with an expansion
-        p = np.asarray(expansion.score_prefixes(tree, anchors), dtype=np.float64)
-        self._stats.scoring_s += time.perf_counter() - t
-        if p.shape != (len(anchors),):
-            raise ValueError(f"score_prefixes returned shape {p.shape} for {len(anchors)} anchors")
-        r = np.array([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors])
-        r = is_success(r).astype(np.float64)
-        turn = np.array([tree.nodes[a].depth for a in anchors])
-        K = expansion.method.allocate_prefixes(p, r, budget, turn, self._rng)
-        if int(K.sum()) != budget:
-            raise AssertionError(f"{expansion.method.name}: prefix allocation spent {int(K.sum())} of {budget}")
+        p = np.zeros(0)
+        if anchors:
+            t = time.perf_counter()
+            p = np.asarray(expansion.score_prefixes(tree, anchors), dtype=np.float64)
+            self._stats.scoring_s += time.perf_counter() - t
+            if p.shape != (len(anchors),):
+                raise ValueError(f"score_prefixes returned shape {p.shape} for {len(anchors)} anchors")
+        r = is_success([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors]).astype(np.float64)
+        turn = np.array([tree.nodes[a].depth for a in anchors], dtype=np.int64)
+        placement = expansion.method.place_prefixes(p, r, budget, turn, self._rng)
+        if placement.extra_roots:  # method §3: the root is the depth-0 anchor of an anchorless prompt
+            self._k_by_anchor[state.task.id] = {ROOT: placement.extra_roots}
+            self._event("expand", state, anchors=0, continuations=budget)
+            self._start_group(pi, "continuation", ROOT, placement.extra_roots)
+            return
         state.anchor_predictions = {int(a): float(pa) for a, pa in zip(anchors, p, strict=True)}
-        self._k_by_anchor[state.task.id] = {int(a): int(k) for a, k in zip(anchors, K, strict=True) if k > 0}
+        self._k_by_anchor[state.task.id] = {int(a): int(k) for a, k in zip(anchors, placement.K, strict=True) if k > 0}
         self._event("expand", state, anchors=len(anchors), continuations=budget)
-        for a, k in zip(anchors, K, strict=True):
+        for a, k in zip(anchors, placement.K, strict=True):
             if k > 0:
                 self._start_group(pi, "continuation", int(a), int(k))
 
@@ -461,30 +461,21 @@ class TreeRolloutExecutor:
 
         Raises AssertionError if a round would go past the rule's limits, ValueError for a
         malformed round (a prompt sampled twice or filtered out, ``m = 1``, a wrong length)."""
-        rule = method.group_filter
-        if rule is None:
+        if method.group_filter is None:
             raise ValueError(f"method {method.name!r} has no round rule: use run()")
         v = np.asarray(v, dtype=np.float64)
         B = len(tasks)
         if v.shape != (B,):
             raise ValueError(f"v has shape {v.shape}, expected ({B},): one prediction per task")
-        eligible = method.round_candidates(v, spec, rng, history)
-        m = np.zeros(B, dtype=np.int64)
         parts: list[RolloutResult] = []
-        mixed = 0
-        while True:
-            m_r = next_checked_round(rule, v, m, mixed, len(parts), spec, rng, eligible)
-            if not m_r.any():
-                break
+
+        def roll(m_r: np.ndarray) -> np.ndarray:  # one round, finished before the next is chosen
             part = self.run(tasks, m_r.tolist(), None, rng, sampling_seed=sampling_seed)
-            mixed += sum(tree_is_mixed(t) for t in part.trees)
             parts.append(part)
-            m += m_r
-        trees = [t for part in parts for t in part.trees]
-        flags = np.array([tree_is_mixed(t) for t in trees], dtype=bool)
-        kept = np.asarray(rule.keep_groups(flags, spec), dtype=bool)
-        if kept.shape != flags.shape:
-            raise ValueError(f"keep_groups returned shape {kept.shape} for {flags.size} groups")
+            return np.array([tree_is_mixed(t) for t in part.trees], dtype=bool)
+
+        sampled = sample_in_rounds(method, v, spec, rng, roll, history)
+        trees = [t for part in parts for t in part.trees]  # in sampling order, as sampled.kept
         events, offset = [], 0
         for part in parts:  # engine steps count on across the rounds
             events += [RolloutEvent(e.engine_step + offset, e.kind, e.prompt_id, e.detail) for e in part.events]
@@ -494,9 +485,9 @@ class TreeRolloutExecutor:
             continuations_per_anchor={k: d for part in parts for k, d in part.continuations_per_anchor.items()},
             received_histories={k: h for part in parts for k, h in part.received_histories.items()},
             anchor_predictions=[p for part in parts for p in part.anchor_predictions],
-            kept=kept.tolist(), rounds=len(parts),
+            kept=sampled.kept.tolist(), rounds=sampled.rounds,
         )
-        return RoundsResult(result, m)
+        return RoundsResult(result, sampled.m)
 
 
 def _node_values(tree: RolloutTree, values: dict[int, float]) -> np.ndarray:
