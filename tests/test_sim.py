@@ -116,10 +116,11 @@ def test_zero_and_one_are_absorbing():
 def test_absorption_along_every_simulated_path():
     result = _step("trace", spec=BudgetSpec(256, 2), seed=4)
     hits = 0
-    for tree in result.trees:
+    for tree, values in zip(result.trees, result.node_value, strict=True):
+        assert values.shape == (len(tree.nodes),)
         for traj in tree.trajectories:
             path = tree.path(traj.leaf)[1:]
-            v = [tree.nodes[n].info["V"] for n in path]
+            v = [values[n] for n in path]
             for a, b in zip(v, v[1:], strict=False):
                 if a in (0.0, 1.0):
                     hits += 1
@@ -257,8 +258,12 @@ def test_oracle_and_noisy_predictors():
     result = _step("trace", seed=13)
     np.testing.assert_array_equal(result.anchor_pred, result.anchor_value)
     np.testing.assert_array_equal(result.pool_pred, result.pool_value)
-    for tree, i in zip(result.trees, result.tree_prompt, strict=True):
-        assert tree.root.info["p0"] == result.pool_value[i]
+    for tree, values, i in zip(result.trees, result.node_value, result.tree_prompt, strict=True):
+        assert values[ROOT] == result.pool_value[i]
+        assert all("V" not in n.info and "p0" not in n.info for n in tree.nodes)  # the trees show no hidden value
+        hist = tree_histories(tree, list(range(len(tree.nodes))), 8, values)
+        np.testing.assert_array_equal(hist.true_value, values)
+        assert np.isnan(tree_histories(tree, [ROOT], 8).true_value).all()
     v = result.anchor_value
     hist = HistoryBatch(np.zeros(v.size), np.full((v.size, 8), np.nan), np.ones(v.size, dtype=np.int64), v)
     rho = [spearman(NoisyPredictor(std, seed=0).score(hist), v) for std in (0.5, 4.0)]
@@ -302,7 +307,7 @@ def test_trees_round_trip_and_feed_the_metrics_unchanged():
     assert effective_ratio(again) == result.metrics["effective_ratio"]
     for tree in result.trees:
         assert all(not n.token_ids for n in tree.nodes)
-        assert all("V" in n.info and "obs" in n.info for n in tree.nodes[1:])
+        assert all(set(n.info) == {"obs"} for n in tree.nodes[1:])  # observables only: V stays beside the tree
 
 
 # ---------------------------------------------------------------------------- bad input

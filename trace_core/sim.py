@@ -22,10 +22,11 @@ run a declared sensitivity study.
 taking every rule from its :class:`~trace_core.allocation.Method` as the trainer does: sample a
 shuffled candidate pool, score the roots, allocate ``m``, roll out the bare paths, score the
 anchors, allocate ``K`` per prompt (method §3, including the no-anchor rule), roll out the
-continuations, build real :class:`~trace_core.tree.RolloutTree` objects (empty token lists; the
-hidden ``V_t`` and the observation in ``node.info``), compute method §7's metrics under the
-trainer's names (:func:`~trace_core.metrics.step_metrics`), and only then let the predictor
-learn from the step's trees — so every prediction used for allocation or reported in the
+continuations, build real :class:`~trace_core.tree.RolloutTree` objects (empty token lists; in
+``node.info`` only what a predictor may see — each turn's observation, the root's feature and
+horizon — while the hidden ``V_t`` stays beside the trees, in ``StepResult.node_value``),
+compute method §7's metrics under the trainer's names (:func:`~trace_core.metrics.step_metrics`),
+and only then let the predictor learn from the step's trees — so every prediction used for allocation or reported in the
 metrics is out-of-sample.
 
 Two modes for the candidate pool:
@@ -559,16 +560,20 @@ class LearnedPredictor:
         self.last_loss = float(np.mean((self._forward(x)[1] - y) ** 2))
 
 
-def tree_histories(tree: RolloutTree, nodes: Sequence[int], horizon_max: int) -> HistoryBatch:
-    """The histories ending at ``nodes`` of a simulator tree, read from ``node.info``."""
+def tree_histories(
+    tree: RolloutTree, nodes: Sequence[int], horizon_max: int, node_value: np.ndarray | None = None
+) -> HistoryBatch:
+    """The histories ending at ``nodes`` of a simulator tree, from what its ``node.info`` shows (the
+    observations and the prompt feature). ``node_value``: the tree's hidden values, one per node
+    (``StepResult.node_value``), for the histories' ``true_value``; None (what a predictor learning
+    from trees gets): NaN."""
     n = len(nodes)
     obs = np.full((n, horizon_max), np.nan)
     depth = np.zeros(n, dtype=np.int64)
-    value = np.zeros(n)
+    value = np.full(n, np.nan) if node_value is None else np.asarray(node_value, dtype=np.float64)[list(nodes)]
     for row, node_id in enumerate(nodes):
         node = tree.nodes[node_id]
         depth[row] = node.depth
-        value[row] = tree.root.info["p0"] if node_id == ROOT else node.info["V"]
         walk = node_id
         while walk != ROOT:
             w = tree.nodes[walk]
@@ -582,7 +587,8 @@ def supervised_histories(
     trees: Sequence[RolloutTree], horizon_max: int, min_leaves: int = 2
 ) -> tuple[HistoryBatch, np.ndarray]:
     """method §5's training set ``S`` of a step: each tree's root and its internal nodes with
-    ``>= min_leaves`` leaves below, with their tree-backed targets ``V̂``."""
+    ``>= min_leaves`` leaves below, with their tree-backed targets ``V̂`` (the hidden values are
+    not in the trees: ``true_value`` is NaN)."""
     batches, targets = [], []
     for tree in trees:
         leaves, v_hat = tree.leaf_counts(), tree.tree_values()
@@ -643,6 +649,7 @@ class StepResult:
     anchor_pred: np.ndarray  # float64 (A,): predicted V at the anchor (before any update)
     anchor_value: np.ndarray  # float64 (A,): hidden V_t
     anchor_K: np.ndarray  # int64 (A,): continuations allocated to the anchor
+    node_value: list[np.ndarray]  # float64 per tree, one per node: hidden V_t (the root's: p0), never in node.info
     trajectories: int  # finished trajectories in the trees (== spec.total, asserted; a round rule's own spend)
     turns_generated: int  # generated turn nodes: the simulator's stand-in for tokens
     metrics: dict[str, float] = field(default_factory=dict)
@@ -823,7 +830,7 @@ def run_step(
     cont = _continue(prompts, anchors, K, root_extra, config, rng, token_rng)
 
     # ---- trees
-    trees, anchor_node = _build_trees(
+    trees, anchor_node, node_value = _build_trees(
         prompts, selected, bare_prompt, bare, anchors.path, anchor_turn, cont.prompt, cont.start_depth,
         cont.from_anchor, cont.paths,
     )
@@ -842,7 +849,7 @@ def run_step(
         method=method.name, trees=trees, tree_prompt=selected, pool_m=m, pool_pred=v, pool_value=prompts.p0,
         root_extra=root_extra, anchor_prompt=anchor_prompt, anchor_node=anchor_node, anchor_turn=anchor_turn,
         anchor_position=anchor_turn / prompts.horizon[anchor_prompt], anchor_reward=anchor_reward,
-        anchor_pred=p, anchor_value=anchors.value, anchor_K=K, trajectories=trajectories,
+        anchor_pred=p, anchor_value=anchors.value, anchor_K=K, node_value=node_value, trajectories=trajectories,
         turns_generated=turns, pool_ids=ids, tree_kept=kept, rounds=rounds,
         generated_tokens=int(bare_tokens.sum() + cont.tokens.sum()), bare_tokens=bare_tokens, cont_tokens=cont.tokens,
         token_plan=plan,
@@ -1032,9 +1039,10 @@ def _build_trees(
     cont_start_depth: np.ndarray,
     cont_from_anchor: np.ndarray,
     cont: Paths,
-) -> tuple[list[RolloutTree], np.ndarray]:
-    """Real rollout trees with empty token lists; ``info`` holds ``V`` and ``obs`` per node and
-    ``p0``, ``horizon`` and ``feature`` at the root. Returns the trees and each anchor's node id."""
+) -> tuple[list[RolloutTree], np.ndarray, list[np.ndarray]]:
+    """Real rollout trees with empty token lists; ``info`` holds what a predictor may see: ``obs``
+    per turn node, ``horizon`` and ``feature`` at the root. Returns the trees, each anchor's node id
+    and each tree's hidden values per node (the root's: ``p0``)."""
     bare_v, bare_o, bare_r = bare.values.tolist(), bare.observations.tolist(), bare.reward.tolist()
     cont_v, cont_o, cont_r = cont.values.tolist(), cont.observations.tolist(), cont.reward.tolist()
     horizon = pool.horizon.tolist()
@@ -1043,20 +1051,22 @@ def _build_trees(
     c_lo, c_hi = _segment_bounds(cont_prompt, selected)
     starts, from_anchor = cont_start_depth.tolist(), cont_from_anchor.tolist()
     a_path, a_turn = anchor_path.tolist(), anchor_turn.tolist()
-    trees = []
+    trees, node_value = [], []
     bounds = zip(selected.tolist(), b_lo.tolist(), b_hi.tolist(), c_lo.tolist(), c_hi.tolist(), strict=True)
     for i, j0, j1, k0, k1 in bounds:
         T = horizon[i]
         tree = RolloutTree(
             prompt_id=str(i),
-            info={"p0": float(pool.p0[i]), "horizon": T, "feature": float(pool.feature[i])},
+            info={"horizon": T, "feature": float(pool.feature[i])},
         )
+        values = [float(pool.p0[i])]
         for j in range(j0, j1):
             traj = tree.start_trajectory("bare")
             ids = [ROOT]
             vj, oj = bare_v[j], bare_o[j]
             for d in range(1, T + 1):
-                ids.append(tree.add_turn(traj, [], [], info={"V": vj[d], "obs": oj[d]}))
+                ids.append(tree.add_turn(traj, [], [], info={"obs": oj[d]}))
+                values.append(vj[d])
             tree.finish(traj, bare_r[j])
             node_of_path[j] = ids
         for c in range(k0, k1):
@@ -1065,11 +1075,13 @@ def _build_trees(
             traj = tree.start_trajectory("continuation", branch_node=branch)
             vc, oc = cont_v[c], cont_o[c]
             for d in range(starts[c] + 1, T + 1):
-                tree.add_turn(traj, [], [], info={"V": vc[d], "obs": oc[d]})
+                tree.add_turn(traj, [], [], info={"obs": oc[d]})
+                values.append(vc[d])
             tree.finish(traj, cont_r[c])
         trees.append(tree)
+        node_value.append(np.array(values))
     anchor_node = np.array([node_of_path[j][t] for j, t in zip(a_path, a_turn, strict=True)], dtype=np.int64)
-    return trees, anchor_node
+    return trees, anchor_node, node_value
 
 
 def simulator_metrics(result: StepResult, estimator: AdvantageEstimator) -> dict[str, float]:
