@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -178,8 +179,21 @@ def test_private_workdir_is_writable_and_empty_each_call(sandbox):
     )
     assert first.observation == "/tmp/w ['notes.txt']"
     second = sandbox.run("import os\nprint(sorted(os.listdir('.')), sorted(os.listdir('/tmp')))")
-    # /tmp is a fresh tmpfs holding only the private dir, even when the venv lives under /tmp
-    assert second.observation == "[] ['w']"
+    # /tmp is a fresh tmpfs holding the private dir and, for a venv that lives under the host's
+    # /tmp, the read-only way down to it
+    venv = os.path.realpath(sys.prefix)
+    shown = sorted({"w", *([venv.split("/")[2]] if venv.startswith("/tmp/") else [])})
+    assert second.observation == f"[] {shown}"
+
+
+def test_an_interpreter_under_the_hosts_tmp_starts_and_sees_it_read_only(tmp_path, fault):
+    venv = tmp_path / "venv-in-tmp"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    assert os.path.realpath(venv).startswith("/tmp/")
+    box = PythonSandbox(SandboxConfig(python=str(venv / "bin" / "python"), **LIMITS))
+    result = box.run("import os, sys\nprint(sys.prefix, os.access(sys.prefix, os.W_OK), os.listdir('/tmp/w'))")
+    assert result.completed, result.observation
+    assert result.observation == f"{os.path.realpath(venv)} False []"
 
 
 # --- hostile programs (each checked from the host by the `hostile` fixture) -----------------------

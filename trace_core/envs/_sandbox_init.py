@@ -204,6 +204,12 @@ def _setup_mounts(spec: dict) -> None:
     os.mkdir(f"{stage}/empty", 0o755)
     root = "/tmp"
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096,mode=755")
+    inodes = spec["max_files"]
+    # The cell's private /tmp before the host's folders: one of them under the host's /tmp (a
+    # checkout or a venv there) is then mounted inside it, read-only, instead of hidden by it.
+    os.mkdir(f"{root}/tmp")
+    _mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={spec['tmp_size_bytes']},nr_inodes={inodes},mode=1777")
     for path, fd in held:
         # A read-only overlay rather than a bind mount: the cell reads the host's files, but a lock it
         # takes is on the overlay's inode, which no host process ever locks.
@@ -241,13 +247,9 @@ def _setup_mounts(spec: dict) -> None:
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{root}/dev/{name}")
-    inodes = spec["max_files"]
     os.mkdir(f"{root}/dev/shm")
     _mount("tmpfs", f"{root}/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={spec['shm_size_bytes']},nr_inodes={inodes},mode=1777")
-    os.mkdir(f"{root}/tmp")
-    _mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={spec['tmp_size_bytes']},nr_inodes={inodes},mode=1777")
     os.mkdir(f"{root}/proc", 0o555)
     _mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # pivot_root(".", "."): the old root ends up on top of the new one and is then detached; the

@@ -523,7 +523,7 @@ try:
 except OSError:
     root_writable = False
 print({{'uid_ok': ok, 'nets': nets, 'root_writable': root_writable, 'pid': os.getpid() < 10,
-        'env': sorted(os.environ), 'host_visible': os.path.exists({probe!r}), 'tmp': os.listdir('/tmp')}})
+        'env': sorted(os.environ), 'host_visible': os.path.exists({probe!r}), 'tmp': sorted(os.listdir('/tmp'))}})
 """
 
 
@@ -570,9 +570,11 @@ class PythonSandbox:
             if key in _VERIFIED:
                 return
             result = self.run(_SELF_TEST.format(first=c.uid, count=c.uid_count, gid=c.gid, probe=str(_INIT)))
+            # the private dir, and the way down to an exposed folder under the host's /tmp (a venv there)
+            tmp = sorted({"w", *(d.split("/")[2] for d in self._view.expose if d.startswith("/tmp/"))})
             expected = (
                 "{'uid_ok': True, 'nets': ['lo'], 'root_writable': False, 'pid': True, 'env': "
-                f"{sorted(_base_env(c))}, 'host_visible': False, 'tmp': ['w']}}"
+                f"{sorted(_base_env(c))}, 'host_visible': False, 'tmp': {tmp}}}"
             )
             if not result.completed or result.stdout.strip() != expected:
                 raise SandboxUnavailableError(
