@@ -76,10 +76,10 @@ ui: $(STAMP)  ## serve the MLflow UI on the main job's runs (prints the last com
 	$(BIN)/python -m pipelines ui
 
 bench-allocation: $(STAMP)  ## allocators vs the DP / brute force
-	$(BIN)/python bench/allocation.py
+	$(BIN)/python -m bench.allocation
 
 bench-contrast: $(STAMP)  ## effective ratios of every method on the simulator
-	$(BIN)/python bench/contrast.py
+	$(BIN)/python -m bench.contrast
 
 lock: $(STAMP)  ## resolve requirements/base.in (beside $(TORCH)) into requirements/lock.txt; installs nothing
 	$(BIN)/python requirements/lock.py --torch $(TORCH)

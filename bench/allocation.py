@@ -7,7 +7,7 @@ budget 8,192, max 16; B = 100,000 with budget 200,000 in ≤ 1 s on one core; th
 (``*_s``) are the process's CPU seconds, best of a few runs, so that other load on a shared
 2-core machine does not distort them; ``fast_wall_s`` is the wall time of the same run.
 
-    python bench/allocation.py [--quick] [--only SECTION ...] [--out bench/results/allocation.json]
+    python -m bench.allocation [--quick] [--only SECTION ...] [--out bench/results/allocation.json]
 
 ``--only roots_beta`` re-measures one section and keeps the others from the existing file (each
 section records the command that produced it).
@@ -15,21 +15,16 @@ section records the command that produced it).
 
 from __future__ import annotations
 
-import os
+import argparse
+import itertools
+import json
+import platform
+import time
+from pathlib import Path
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import numpy as np
 
-import argparse  # noqa: E402
-import itertools  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from trace_core.allocation import (  # noqa: E402
+from trace_core.allocation import (
     allocate_prefixes,
     allocate_prefixes_greedy,
     allocate_roots,
@@ -182,8 +177,8 @@ def bench_prefixes(rng: np.random.Generator, sizes: list[int], greedy_max: int) 
 
 
 def print_table(title: str, rows: list[dict]) -> None:
-    from bench_tables import print_table as shared
-    from bench_tables import significant
+    from bench.bench_tables import print_table as shared
+    from bench.bench_tables import significant
 
     shared(rows, fmt=significant, title=title)
 
@@ -217,8 +212,9 @@ SECTIONS = ("brute_force", "roots", "roots_beta", "prefixes")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="Example:\n  python bench/allocation.py --only roots_beta")
+    ap = argparse.ArgumentParser(prog="python -m bench.allocation", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Example:\n  python -m bench.allocation --only roots_beta")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
     ap.add_argument("--only", nargs="+", choices=SECTIONS, default=None,
                     help="run only these sections and keep the others from the existing --out file")
@@ -228,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def command_line(args: argparse.Namespace) -> str:
-    return "python bench/allocation.py" + (" --quick" if args.quick else "") + (
+    return "python -m bench.allocation" + (" --quick" if args.quick else "") + (
         " --only " + " ".join(args.only) if args.only else "")
 
 

@@ -6,7 +6,7 @@ Rows: median / max wall seconds over the repeats, with the load average at the s
 
 Example:
 
-    python bench/cli_timing.py --repeats 5
+    python -m bench.cli_timing --repeats 5
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def time_command(argv: list[str], repeats: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.cli_timing", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="runs of each command (the median and max are shown)")
     args = parser.parse_args()
     trace_rl = str(Path(sys.executable).with_name("trace-rl"))

@@ -9,9 +9,9 @@ budget kinds (method §10): every row above at its trajectory budget, and GRPO, 
 token-priced ``trace-tokens`` at an equal budget of generated tokens, with mixed groups per 1,000
 generated tokens for all of them.
 
-    python bench/contrast.py [--quick] [--workers 2] [--seed 0] [--out bench/results/contrast.json]
-    python bench/contrast.py --posterior-sweep --seed 100     # how the posterior's defaults were fixed
-    python bench/contrast.py --quick --token-budget-only      # only the two budget kinds' table
+    python -m bench.contrast [--quick] [--workers 2] [--seed 0] [--out bench/results/contrast.json]
+    python -m bench.contrast --posterior-sweep --seed 100     # how the posterior's defaults were fixed
+    python -m bench.contrast --quick --token-budget-only      # only the two budget kinds' table
 
 Protocol (fixed before any result was seen; the simulator's defaults are pinned in
 ``trace_core.sim.SimConfig`` and ``PersistentPoolConfig``, the methods' in
@@ -59,22 +59,18 @@ with ``--quick``, ``contrast.posterior_sweep.json`` with ``--posterior-sweep``) 
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import itertools
+import json
 import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # small arrays: threads only add overhead on 2 cores
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import itertools  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from concurrent.futures import ProcessPoolExecutor  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 DEFAULT_NOISE_STD = 2.0  # trace_core.sim.DEFAULT_NOISE_STD (checked in main; the library loads after --help)
 
@@ -298,7 +294,7 @@ def k_share_keys(res: dict) -> list[str]:
 def print_figures(rows: list[dict], title: str, digits: dict[str, int] | int | None = None) -> None:
     """``rows`` through the benchmarks' one table printer, figures to ``digits`` decimal places (one
     count for every column, or per column; text as it is)."""
-    from bench_tables import cell, fixed, places, print_table
+    from bench.bench_tables import cell, fixed, places, print_table
 
     fmt = cell if digits is None else fixed(digits) if isinstance(digits, int) else places(digits)
     print_table(rows, fmt=fmt, title=title)
@@ -406,7 +402,7 @@ def posterior_sweep(args: argparse.Namespace, tasks: list[Task], results: list[d
                          "ratio", SWEEP_DIGITS)
     print(f"\nargmin of the mean r/mix: s={best['prior_strength']:g} γ={best['discount']:g} "
           f"W={best['evidence_window']} ({best['criterion']:.2f}); wall {wall:.1f} s")
-    payload = {"command": "python " + " ".join(sys.argv), "wall_s": wall, "protocol": protocol(args),
+    payload = {"command": command_line(), "wall_s": wall, "protocol": protocol(args),
                "shape": [M, N], "grid": rows, "trace_reference": {"rollouts_per_mixed_group": ref,
                                                                  "effective_ratio": ref_eff}, "argmin": best}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -628,10 +624,10 @@ def print_run_summary(args: argparse.Namespace, tasks: list[Task], results: list
 
 # ---------------------------------------------------------------------------------- the run
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m bench.contrast", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Examples:\n  python bench/contrast.py --quick\n"
-                                            "  python bench/contrast.py --posterior-sweep --seed 100")
+                                     epilog="Examples:\n  python -m bench.contrast --quick\n"
+                                            "  python -m bench.contrast --posterior-sweep --seed 100")
     parser.add_argument("--quick", action="store_true", help="small shapes and few steps: a smoke run")
     parser.add_argument("--workers", type=int, default=2, help="processes (results do not depend on it)")
     parser.add_argument("--seed", type=int, default=0)
@@ -642,6 +638,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only the two budget kinds' table (a few reference rows at M(1+N) trajectories, GRPO, "
                              "PCL and trace-tokens at the equal token budget)")
     return parser
+
+
+def command_line() -> str:
+    """The command that reproduces this run from the repository root."""
+    return " ".join(["python -m bench.contrast", *sys.argv[1:]])
 
 
 def set_scale(args: argparse.Namespace) -> None:
@@ -674,7 +675,7 @@ def parse_args() -> argparse.Namespace:
 def results_payload(args: argparse.Namespace, tasks: list[Task], results: list[dict], summary: dict,
                     wall: float) -> dict:
     return {
-        "command": "python " + " ".join(sys.argv),
+        "command": command_line(),
         "quick": args.quick,
         "wall_s": wall,
         "worker_cpu_s": sum(r["cpu_s"] for r in results),
@@ -708,7 +709,7 @@ def main() -> int:
 
     grid = ResultGrid(tasks, results)
     if args.token_budget_only:
-        payload = {"command": "python " + " ".join(sys.argv), "quick": args.quick, "wall_s": wall,
+        payload = {"command": command_line(), "quick": args.quick, "wall_s": wall,
                    "protocol": {**protocol(args), "shapes": args.shapes, "modes": list(MODES)},
                    "token_budget": print_token_tables(args, grid),
                    "reference": {f"{t.mode}/{t.roots_M},{t.expansion_N}/{t.label}": r

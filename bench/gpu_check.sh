@@ -46,11 +46,13 @@ if [ "$MODE" = cpu ]; then
   TOTAL=170
   BUDGETS="install:20 env:15 engine_tiny:25 engine_0.5b:25 trace_steps:60 tree_training:30"
 else
+  # the host side of a GPU run keeps every core (the bench package's default is one thread)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
   TOTAL=240
   BUDGETS="install:25 env:15 engine_tiny:25 engine_0.5b:45 trace_steps:75 tree_training:55"
 fi
 
-"$PY" bench/gpu_check_stages.py init --report "$OUT" $FLAG --command "bench/gpu_check.sh $*"
+"$PY" -m bench.gpu_check_stages init --report "$OUT" $FLAG --command "bench/gpu_check.sh $*"
 START=$(date +%s)
 FAILED=0
 for entry in $BUDGETS; do
@@ -58,12 +60,12 @@ for entry in $BUDGETS; do
   left=$(( TOTAL - ($(date +%s) - START) ))
   [ "$budget" -gt "$left" ] && budget=$left
   if [ "$budget" -lt 5 ]; then
-    "$PY" bench/gpu_check_stages.py record --report "$OUT" --name "$name" --status skipped --rc 0 --seconds 0
+    "$PY" -m bench.gpu_check_stages record --report "$OUT" --name "$name" --status skipped --rc 0 --seconds 0
     FAILED=1
     continue
   fi
   t0=$(date +%s)
-  timeout -k 5 "$budget" "$PY" bench/gpu_check_stages.py "$name" --report "$OUT" --work "$WORK" $FLAG \
+  timeout -k 5 "$budget" "$PY" -m bench.gpu_check_stages "$name" --report "$OUT" --work "$WORK" $FLAG \
     >"$WORK/$name.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))
@@ -71,7 +73,7 @@ for entry in $BUDGETS; do
     echo "gpu_check: $name ok (${secs} s)"
   else
     status=failed; { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && status=timeout
-    "$PY" bench/gpu_check_stages.py record --report "$OUT" --name "$name" --status $status --rc $rc \
+    "$PY" -m bench.gpu_check_stages record --report "$OUT" --name "$name" --status $status --rc $rc \
       --seconds "$secs" --log "$WORK/$name.log"
     echo "gpu_check: $name $status (rc $rc, ${secs} s); log tail in $OUT" >&2
     FAILED=1

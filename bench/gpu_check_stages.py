@@ -4,7 +4,7 @@ A stage that crashes or hangs costs only itself (the shell records it as failed 
 every stage starts with a fresh CUDA context. Each stage appends its record to the JSON report as
 soon as it finishes, so a run cut short still reports what it did.
 
-    python bench/gpu_check_stages.py STAGE --report FILE --work DIR [--cpu]
+    python -m bench.gpu_check_stages STAGE --report FILE --work DIR [--cpu]
 
 Stages: ``install`` (the carried wheels, stdlib only), ``env``, ``engine_tiny``, ``engine_0.5b``
 (the transformers rollout engine), ``trace_steps`` (TRACE steps on the fixed-turns task under
@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+REPO = Path(__file__).resolve().parents[1]
 # What the bare CUDA image (Python 3.12, torch, transformers) lacks and the check carries as
 # wheels, distribution → module: DeepSpeed and its requirements, scipy (trace_core.metrics), and
 # typing_extensions (pydantic needs a newer one than torch pins). See bench/gpu_check.md.
@@ -242,12 +241,10 @@ def stage_trace_steps(work: Path, sizes: CheckSizes) -> dict:
     import torch
 
     import trace_core.training.plots as plots
+    from bench.gpu_check_tracker import JsonlTracker
     from trace_core.config import load_config
     from trace_core.training.config import TrainConfig
     from trace_core.training.trainer import Trainer
-
-    sys.path.insert(0, str(BENCH))
-    from gpu_check_tracker import JsonlTracker
 
     try:
         import matplotlib  # noqa: F401
@@ -303,9 +300,7 @@ def stage_tree_training(work: Path, sizes: CheckSizes) -> dict:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    sys.path.insert(0, str(BENCH))
-    from tree_training import TreeShape, build_tree, inputs_for, tree_stats
-
+    from bench.tree_training import TreeShape, build_tree, inputs_for, tree_stats
     from trace_core.tree_packing.attention import model_attention
     from trace_core.tree_packing.logprobs import install_logprob_head, packed_token_logprobs
 
@@ -426,7 +421,7 @@ STAGES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_check_stages", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Example (the dry run the tests make):\n"
                                         "  bash bench/gpu_check.sh --cpu --out /tmp/gpu_check.json")

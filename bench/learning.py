@@ -18,7 +18,7 @@ other policy. A later session on another machine continues the same benchmark fr
 **Records anyone can recompute.** Each finished run writes one small JSON record under
 ``--records`` (per-step counts, the pool-success samples per prompt, the prompts it opened and
 whether their trees showed both outcomes, its held-out samples, the commit with a dirty flag, the
-settings); ``python bench/learning.py table`` recomputes the whole table and the plots from those
+settings); ``python -m bench.learning table`` recomputes the whole table and the plots from those
 records alone (``bench/learning_table.py``: pooled counts with 90% Wilson intervals, per-seed
 values, matched-seed comparisons, verdicts on unrounded values). A rerun skips every run whose
 record has the same settings, so the benchmark continues across processes and sessions; a run
@@ -42,9 +42,9 @@ they split over processes (each ``run --methods ... --seeds ...`` in its own pro
 
 Examples:
 
-    python bench/learning.py run --methods grpo --seeds 0 1 2      # from the committed testbed
-    python bench/learning.py run --methods trace pcl --seeds 0
-    python bench/learning.py table                      # from bench/results/learning/ alone
+    python -m bench.learning run --methods grpo --seeds 0 1 2      # from the committed testbed
+    python -m bench.learning run --methods trace pcl --seeds 0
+    python -m bench.learning table                      # from bench/results/learning/ alone
 """
 
 from __future__ import annotations
@@ -56,13 +56,14 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+import numpy as np
 
-import numpy as np  # noqa: E402
-from learning_table import RECORD_FORMAT, START_FORMAT, build_table, curve, in_se  # noqa: E402
-from train_compare import VARIANTS, SharedEngine, git_commit, tree_is_dirty  # noqa: E402
+from bench.learning_table import RECORD_FORMAT, START_FORMAT, build_table, curve, in_se
+from bench.train_compare import VARIANTS, SharedEngine, git_commit, tree_is_dirty
+
+# The policy trains on the CPU; DeepSpeed reads this when the trainer loads it. Not a package
+# default: the GPU check runs DeepSpeed on CUDA.
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 RECORDS = "bench/results/learning"  # the committed records, and the committed testbed under testbed/
 STEPS = 100  # the run length, chosen on GRPO alone (module docstring)
@@ -325,7 +326,7 @@ def cmd_table(args: argparse.Namespace) -> dict:
 
 
 def print_table(table: dict) -> None:
-    from bench_tables import print_table as show
+    from bench.bench_tables import print_table as show
 
     rows = []
     for m, sig in table["signal"].items():
@@ -423,12 +424,13 @@ def log_to_mlflow(uri: str, table: Path, figure: Path, runs: list[dict], start: 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.learning", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="make every missing record (resumable)")
     run.add_argument("--testbed", default=f"{RECORDS}/testbed", help="a testbed warm start's folder: by default "
                      "the benchmark's committed one (its policy's weights and its retriever index), so a run on "
-                     "any machine starts from the same policy; python bench/testbed.py --out DIR builds another")
+                     "any machine starts from the same policy; python -m bench.testbed --out DIR builds another")
     run.add_argument("--methods", nargs="+", choices=list(VARIANTS), default=["grpo", "trace"])
     run.add_argument("--seeds", type=int, nargs="+", default=[0])
     run.add_argument("--steps", type=int, default=STEPS)

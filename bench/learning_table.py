@@ -1,8 +1,8 @@
 """The learning benchmark's table, recomputed from its run records alone (no ``runs/`` folder).
 
-Pure functions of the records that ``bench/learning.py run`` writes under
+Pure functions of the records that ``python -m bench.learning run`` writes under
 ``bench/results/learning/`` (one JSON per (method, seed), plus the shared step-0 measurement):
-numbers in, numbers out, so a reviewer can rerun ``python bench/learning.py table`` on a fresh
+numbers in, numbers out, so a reviewer can rerun ``python -m bench.learning table`` on a fresh
 clone and get the committed table back, and a test does exactly that.
 
 **What is pooled and how.** Every ratio is pooled as counts over steps and seeds (Σ numerators /

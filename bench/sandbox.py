@@ -10,7 +10,7 @@ inflate; the load average at the start is recorded with the figures.
 - session turn k: a `PythonToolSession` turn after k-1 trivial cells (replay cost grows with k);
 - stop latency: a cell sleeping past a 1 s wall clock, minus that 1 s (kill + namespace teardown).
 
-    python bench/sandbox.py [--repeats 30] [--out bench/results/sandbox.json]
+    python -m bench.sandbox [--repeats 30] [--out bench/results/sandbox.json]
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def timed(fn, repeats: int) -> list[tuple[float, float]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog="python -m bench.sandbox", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Example:\n  python bench/sandbox.py --repeats 30")
+                                     epilog="Example:\n  python -m bench.sandbox --repeats 30")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sandbox.json"))
     return parser
@@ -105,7 +105,7 @@ def time_stop_latency(n: int) -> dict:
 
 
 def print_rows(rows: dict[str, dict], load: tuple[float, float, float]) -> None:
-    from bench_tables import places, print_table
+    from bench.bench_tables import places, print_table
 
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
     table = [{"what": name, "n": row["n"], "median s": row["median_s"], "p90 s": row["p90_s"],
@@ -120,7 +120,7 @@ def write_report(rows: dict[str, dict], load: tuple[float, float, float], out: P
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "kernel": platform.release(),
-        "command": "python bench/sandbox.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python -m bench.sandbox", *sys.argv[1:]]),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

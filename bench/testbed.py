@@ -12,22 +12,18 @@ Calibration target (the paper's GRPO at 0.268): GRPO's effective ratio (G = 8) o
 
 Examples:
 
-    python bench/testbed.py                       # build (~10 min) if needed, then measure (~3 min)
-    python bench/testbed.py --out runs/testbed --samples 8
+    python -m bench.testbed                       # build (~10 min) if needed, then measure (~3 min)
+    python -m bench.testbed --out runs/testbed --samples 8
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
 
 def build(out: Path, data: str, index: str) -> None:
@@ -99,7 +95,8 @@ def plot(spread: dict, path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.testbed", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("runs/testbed"), help="the testbed warm start's folder")
     ap.add_argument("--data", default="data")
     ap.add_argument("--index", default="artifacts/qa_index")
@@ -126,12 +123,12 @@ def main() -> None:
     for name, ok in targets.items():
         print(f"  {'PASS' if ok else 'MISS'}  {name}")
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    from train_compare import git_commit, tree_is_dirty
-
+    from bench.train_compare import git_commit, tree_is_dirty
     from trace_core.warmstart.testbed import testbed_identity
 
     args.results.write_text(json.dumps({
-        "command": " ".join(["python", *sys.argv]), "commit": git_commit(), "dirty": tree_is_dirty(),
+        "command": " ".join(["python -m bench.testbed", *sys.argv[1:]]), "commit": git_commit(),
+        "dirty": tree_is_dirty(),
         "identity": testbed_identity(args.out), "hash": bed["hash"], "config": bed["config"],
         "source_md5": bed["source_md5"], "sft": report.get("sft"), "spread": spread,
         "targets": targets, "wall_s": time.perf_counter() - t0}, indent=1))

@@ -40,9 +40,9 @@ standard errors of the measurement.
 
 Examples:
 
-    python bench/train_compare.py --testbed runs/testbed            # the full run (~1-2 h)
-    python bench/train_compare.py --testbed runs/testbed --quick    # grpo and trace, one seed
-    python bench/train_compare.py --testbed runs/testbed --quick --methods grpo trace dapo greso
+    python -m bench.train_compare --testbed runs/testbed            # the full run (~1-2 h)
+    python -m bench.train_compare --testbed runs/testbed --quick    # grpo and trace, one seed
+    python -m bench.train_compare --testbed runs/testbed --quick --methods grpo trace dapo greso
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+import numpy as np
 
-import numpy as np  # noqa: E402
+# The policy trains on the CPU; DeepSpeed reads this when the trainer loads it. Not a package
+# default: the GPU check runs DeepSpeed on CUDA.
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 # name -> (registry method, predictor warm-up?); informed wherever the method reads the predictor
 VARIANTS = {"grpo": ("grpo", False), "pcl": ("pcl", True), "treepo": ("treepo", False), "trace": ("trace", True),
@@ -307,7 +307,7 @@ def summarise(runs: list[dict], variants: list[str], pool_k: int, pool_size: int
     """One row per method: every ratio pooled as counts over steps and seeds with its 90% Wilson
     interval (``learning_table.pooled``), the per-seed values beside it. The prefix effective
     ratio is the mean over steps (the series hold no per-step anchor counts)."""
-    from learning_table import pooled
+    from bench.learning_table import pooled
 
     rows = []
     grpo = [r for r in runs if r["variant"] == "grpo"]
@@ -454,7 +454,8 @@ def plot(runs: list[dict], variants: list[str], path: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.train_compare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--testbed", default="runs/testbed",
                     help="a testbed warm start's folder (policy/, pool.jsonl, warmup.jsonl, testbed.json): "
                          "python -m trace_core.warmstart --testbed --out runs/testbed ...")
@@ -560,7 +561,7 @@ def _interval(ci: list[float] | None, digits: int = 3) -> str | None:
 def print_comparison(rows: list[dict], targets: dict[str, str], pool_k: int) -> None:
     """The table (aligned columns; the per-second ones only where some run holds its seconds),
     the targets, then the table as README quotes it (markdown)."""
-    from bench_tables import print_table
+    from bench.bench_tables import print_table
 
     timed = any(r.get("mixed_groups_per_rollout_s") is not None for r in rows)
     shown = [{**r, "seeds": len(r["seeds"]), "effective_ratio_ci90": _interval(r["effective_ratio_ci90"]),
@@ -578,7 +579,7 @@ def print_comparison(rows: list[dict], targets: dict[str, str], pool_k: int) -> 
 def markdown_table(rows: list[dict], pool_k: int) -> str:
     """The table as README quotes it: pooled ratios with their 90% intervals, the per-seed
     effective ratios, and the per-rollout, per-token and (where recorded) per-second figures."""
-    from bench_tables import fixed, format_markdown, places
+    from bench.bench_tables import fixed, format_markdown, places
 
     def with_ci(value: float | None, ci: list[float] | None, digits: int) -> str | None:
         if value is None or not np.isfinite(value):
@@ -615,7 +616,8 @@ def write_results(args: argparse.Namespace, commit: str | None, reused: dict[str
                   rows: list[dict], pool: dict, targets: dict[str, str], runs: list[dict], wall: float) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "command": " ".join(["python", *sys.argv]), "commit": commit, "reused_records": reused,
+        "command": " ".join(["python -m bench.train_compare", *sys.argv[1:]]), "commit": commit,
+        "reused_records": reused,
         "testbed": {"hash": testbed["hash"], "identity": testbed["identity"], "spread": testbed.get("spread")},
         "budget": {"M": args.roots_M, "N": args.expansion_N, "G": 8, "steps": args.steps, "seeds": args.seeds,
                    "pool_k": args.pool_k},

@@ -30,7 +30,7 @@ wall seconds reported too. Tokens/s count *distinct* tokens (the tree's) for eve
 A size whose projected peak (linear for (a)/(c) from the previous size, quadratic for (b)) is
 over the budget is skipped, and the JSON says so.
 
-    python bench/tree_training.py [--sizes 4k,16k,64k,128k] [--out bench/results/tree_training.json]
+    python -m bench.tree_training [--sizes 4k,16k,64k,128k] [--out bench/results/tree_training.json]
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from bench.bench_tables import places, print_table
 
 REPO = Path(__file__).resolve().parents[1]
 PATHS = ("tree", "dense", "varlen")
@@ -249,7 +251,7 @@ def worker(size: int, path: str, shape: TreeShape, spec: TinyModel, out: Path) -
 def measure(size: int, path: str, shape: TreeShape, spec: TinyModel, timeout: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", path, "--sizes", str(size),
+        cmd = [sys.executable, "-m", "bench.tree_training", "--worker", path, "--sizes", str(size),
                "--worker-out", str(out), "--shape", json.dumps(asdict(shape)), "--model", json.dumps(asdict(spec))]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "TRANSFORMERS_VERBOSITY": "error"}
@@ -315,8 +317,6 @@ def table_row(row: dict) -> dict:
 
 
 def print_size_table(rows: list[dict]) -> None:
-    from bench_tables import places, print_table  # imported here: this file also runs where bench/ is not on the path
-
     digits = {"share": 2, **{f"{TAGS[p]} peak MiB": 1 for p in PATHS},
               **{f"{TAGS[p]} distinct tok/s": 0 for p in PATHS}}
     print_table([table_row(r) for r in rows], fmt=places(digits), title=", ".join(LABELS[p] for p in PATHS))
@@ -352,7 +352,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(epilog="Example:\n  python bench/tree_training.py --sizes 4k,16k --paths tree,dense",
+    ap = argparse.ArgumentParser(prog="python -m bench.tree_training",
+                                 epilog="Example:\n  python -m bench.tree_training --sizes 4k,16k --paths tree,dense",
                                  description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="4k,16k,64k,128k", help="distinct tokens of the tree, comma-separated")
@@ -414,7 +415,7 @@ def write_report(args: argparse.Namespace, argv: list[str] | None, shape: TreeSh
     fig = Path(args.plot) if args.plot else out.with_suffix(".png")
     plot(rows, fig)
     report = {
-        "command": " ".join(["python", "bench/tree_training.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "bench.tree_training", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
                     "threads": 1},
         "tree_shape": asdict(shape), "model": asdict(spec), "budget_gib": args.budget_gib,

@@ -12,15 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mlflow.tracking import MlflowClient
+
+from bench import learning_table as lt
+from trace_core.metrics import wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "bench"
-sys.path.insert(0, str(BENCH))
-
-import learning_table as lt  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
-
-from trace_core.metrics import wilson_interval  # noqa: E402
+LEARNING = [sys.executable, "-m", "bench.learning"]  # run from ROOT, as a user does
 
 
 def _same(a, b, path="") -> None:
@@ -40,7 +38,7 @@ def _same(a, b, path="") -> None:
 
 
 def test_the_committed_train_compare_table_is_recomputed_from_its_own_series() -> None:
-    import train_compare
+    from bench import train_compare
 
     path = ROOT / "bench" / "results" / "train_compare.json"
     committed = json.loads(path.read_text())
@@ -50,7 +48,7 @@ def test_the_committed_train_compare_table_is_recomputed_from_its_own_series() -
 
 
 def test_train_compare_ratios_are_pooled_counts_with_wilson_intervals() -> None:
-    import train_compare
+    from bench import train_compare
 
     committed = json.loads((ROOT / "bench" / "results" / "train_compare.json").read_text())
     trace = next(r for r in committed["rows"] if r["method"] == "trace")
@@ -140,12 +138,12 @@ def mini_testbed(kb_qa_index, tmp_path_factory):
 
 def test_a_miniature_learning_benchmark_runs_and_its_table_is_recomputed_from_the_records(
         mini_testbed, tmp_path) -> None:
-    """Two methods, two steps each, through ``bench/learning.py run`` and ``table``: the records
+    """Two methods, two steps each, through ``python -m bench.learning run`` and ``table``: the records
     hold every count the table needs, the table recomputed from them alone is the written one,
     and a second ``run`` finds every record and runs nothing."""
     testbed, index_dir = mini_testbed
     records, work = tmp_path / "records", tmp_path / "work"
-    cmd = [sys.executable, str(BENCH / "learning.py"), "run", "--testbed", str(testbed), "--methods", "grpo", "trace",
+    cmd = [*LEARNING, "run", "--testbed", str(testbed), "--methods", "grpo", "trace",
            "--seeds", "0", "--steps", "2", "--pool-k", "2", "--heldout-k", "2", "--roots-M", "8", "--data",
            str(ROOT / "data"), "--index", str(index_dir), "--work", str(work), "--records", str(records)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200)
@@ -158,8 +156,8 @@ def test_a_miniature_learning_benchmark_runs_and_its_table_is_recomputed_from_th
     assert trace["warmup"]["rollouts"] > 0 and grpo["warmup"]["rollouts"] == 0
     assert grpo["heldout"]["samples"] == 2 and len(grpo["heldout"]["successes"]) > 0
     assert {o["prompt"] for o in grpo["opened"]} and isinstance(grpo["dirty"], bool)
-    shown = subprocess.run([sys.executable, str(BENCH / "learning.py"), "table", "--records", str(records),
-                            "--no-plot"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    shown = subprocess.run([*LEARNING, "table", "--records", str(records), "--no-plot"], capture_output=True,
+                           text=True, cwd=ROOT, timeout=300)
     assert shown.returncode == 0, shown.stderr[-3000:]
     table = json.loads((records / "table.json").read_text())
     start = json.loads((records / "start.json").read_text())
@@ -180,7 +178,7 @@ def committed_record_folders() -> list[Path]:
 
 @pytest.mark.parametrize("records", committed_record_folders(), ids=lambda p: p.name)
 def test_the_committed_learning_table_is_recomputed_from_its_records(records: Path, tmp_path) -> None:
-    """``bench/learning.py table`` on the committed records reproduces the committed table.
+    """``python -m bench.learning table`` on the committed records reproduces the committed table.
     (Until the first records are committed there is nothing to recompute: the records folder
     then holds no table either, which is checked.)"""
     if not (records / "table.json").is_file():
@@ -194,8 +192,8 @@ def test_the_committed_learning_table_is_recomputed_from_its_records(records: Pa
     (copy / "start.json").write_text((records / "start.json").read_text())
     if (records / "spread.json").is_file():  # the spread measured on this benchmark's policy
         (copy / "spread.json").write_text((records / "spread.json").read_text())
-    done = subprocess.run([sys.executable, str(BENCH / "learning.py"), "table", "--records", str(copy), "--no-plot"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    done = subprocess.run([*LEARNING, "table", "--records", str(copy), "--no-plot"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     _same(json.loads((copy / "table.json").read_text()), json.loads((records / "table.json").read_text()))
 
@@ -211,7 +209,7 @@ def test_the_learning_table_is_logged_to_mlflow_with_one_curve_per_record(tmp_pa
     for p in (records / "runs").glob("*.json"):
         (copy / "runs" / p.name).write_text(p.read_text())
     (copy / "start.json").write_text((records / "start.json").read_text())
-    cmd = [sys.executable, str(BENCH / "learning.py"), "table", "--records", str(copy), "--mlflow", server.uri]
+    cmd = [*LEARNING, "table", "--records", str(copy), "--mlflow", server.uri]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     client = MlflowClient(server.uri)

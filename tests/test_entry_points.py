@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "vllm", "deepspeed", "mlflow", "kfp")
 
-# (how it is run, argv after the program): modules run as `python -m`, scripts by path.
+# (module, argv after it): each run as `python -m MODULE`, the benchmarks as `python -m bench.<name>`.
 MODULES = [
     ("trace_core.cli", []), ("trace_core.cli", ["train"]), ("trace_core.cli", ["show-config"]),
     ("pipelines", []), *[("pipelines", [c]) for c in ("compile", "run", "submit", "schedule", "params", "stage",
@@ -22,19 +22,16 @@ MODULES = [
     ("trace_core.warmstart", []), ("trace_core.evaluation", []), ("trace_core.retrieval", []),
     ("trace_core.data.generate", []), ("trace_core.data.validation", []),
 ]
-BENCH = sorted(p for p in (REPO / "bench").glob("*.py") if "__main__" in p.read_text())
+MODULES += [(f"bench.{p.stem}", []) for p in sorted((REPO / "bench").glob("*.py")) if "__main__" in p.read_text()]
 if (REPO / "trace_core" / "cli.py").read_text().count('"deliver"'):
     MODULES.append(("trace_core.cli", ["deliver"]))
 
 PROBE = """
 import json, runpy, sys
-kind, target, argv, heavy = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+target, argv, heavy = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 sys.argv = [target, *argv, "--help"]
-if kind == "script":
-    sys.path.insert(0, str(__import__("pathlib").Path(target).parent))
 try:
-    runpy.run_module(target, run_name="__main__", alter_sys=True) if kind == "module" else \\
-        runpy.run_path(target, run_name="__main__")
+    runpy.run_module(target, run_name="__main__", alter_sys=True)
 except SystemExit as done:
     code = done.code
 else:
@@ -43,8 +40,8 @@ print("\\n@@" + json.dumps({"code": code, "heavy": [m for m in heavy if m in sys
 """
 
 
-def _help(kind: str, target: str, argv: list[str]) -> tuple[str, dict]:
-    out = subprocess.run([sys.executable, "-c", PROBE, kind, target, json.dumps(argv), json.dumps(HEAVY)],
+def _help(target: str, argv: list[str]) -> tuple[str, dict]:
+    out = subprocess.run([sys.executable, "-c", PROBE, target, json.dumps(argv), json.dumps(HEAVY)],
                          cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
     text, _, tail = out.stdout.rpartition("\n@@")
@@ -52,11 +49,9 @@ def _help(kind: str, target: str, argv: list[str]) -> tuple[str, dict]:
     return text, json.loads(tail)
 
 
-@pytest.mark.parametrize(("kind", "target", "argv"), [("module", m, a) for m, a in MODULES]
-                         + [("script", str(p), []) for p in BENCH],
-                         ids=[" ".join([m, *a]) for m, a in MODULES] + [f"bench/{p.name}" for p in BENCH])
-def test_help_says_what_it_does_with_an_example_before_any_heavy_import(kind, target, argv) -> None:
-    text, result = _help(kind, target, argv)
+@pytest.mark.parametrize(("target", "argv"), MODULES, ids=[" ".join([m, *a]) for m, a in MODULES])
+def test_help_says_what_it_does_with_an_example_before_any_heavy_import(target, argv) -> None:
+    text, result = _help(target, argv)
     assert result["code"] in (0, None), f"--help exited {result['code']}"
     assert "usage:" in text.lower(), text[:500]
     assert "example" in text.lower(), f"no example in the help of {target} {argv}:\n{text[:1500]}"

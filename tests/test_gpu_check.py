@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import gpu_check_stages as stages
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-import gpu_check_stages as stages  # noqa: E402
 
 # the bare CUDA image: torch and transformers (and what they require); the check carries the rest
 IMAGE = ("torch", "transformers")

@@ -265,21 +265,17 @@ def test_bad_plans_raise() -> None:
 
 # ---------------------------------------------------------------------------- the benchmark's workload
 def test_benchmark_tree_has_the_paper_shape_at_every_size() -> None:
-    import sys
-    from pathlib import Path
+    from bench import tree_training
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import tree_training as bench
-
-    shape = bench.TreeShape()
+    shape = tree_training.TreeShape()
     for size in (1024, 4096):
-        tree, adv, _ = bench.build_tree(shape, size, VOCAB)
+        tree, adv, _ = tree_training.build_tree(shape, size, VOCAB)
         tree.validate()
-        stats = bench.tree_stats(tree)
+        stats = tree_training.tree_stats(tree)
         assert stats["distinct_tokens"] == size and stats["leaves"] == 48 and stats["sharing_ratio"] >= 2
         assert len(tree.bare_trajectories()) == 16
         assert sorted(len(tree.path(t.leaf)) - 1 for t in tree.bare_trajectories())[0] >= shape.min_turns
-        packs = {p: bench.inputs_for(p, tree, adv) for p in ("tree", "varlen")}
+        packs = {p: tree_training.inputs_for(p, tree, adv) for p in ("tree", "varlen")}
         assert packs["tree"][0].num_tokens == size
         assert packs["varlen"][0].num_tokens == stats["path_tokens"]  # shared prefixes repeated
         # both paths train the same tokens: each leaf's model-written tokens, once (tree) or per path
@@ -291,9 +287,9 @@ def test_benchmark_help_imports_no_torch() -> None:
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "tree_training.py"
-    code = ("import runpy, sys\nsys.argv = ['tree_training.py', '--help']\ntry:\n"
-            f"    runpy.run_path({str(script)!r}, run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "print('torch' in sys.modules, 'numpy' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = ("import runpy, sys\nsys.argv = ['tree_training', '--help']\ntry:\n"
+            "    runpy.run_module('bench.tree_training', run_name='__main__', alter_sys=True)\nexcept SystemExit:\n"
+            "    pass\nprint('torch' in sys.modules, 'numpy' in sys.modules)")
+    root = Path(__file__).resolve().parents[1]  # where `python -m bench.tree_training` runs from
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
     assert out.strip().splitlines()[-1] == "False False"

@@ -1,0 +1,28 @@
+"""The benchmarks: each runs from the repository root as ``python -m bench.<name>`` (its ``--help``
+says what it measures and how).
+
+Importing this package sets the environment defaults they share. ``python -m bench.<name>``
+imports the package before the benchmark's own module, so these are in place before numpy or
+torch loads; a variable already set in the environment wins.
+"""
+
+import os
+
+# One BLAS/OpenMP thread: the benchmarks time small arrays and single-threaded work on a shared
+# 2-core machine, where more threads only add overhead and let other load distort the timings;
+# the learning runs are made this way too. A run that wants more sets the variables itself.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+# Offline: every model, tokenizer and index a benchmark loads is built here or committed; nothing
+# is downloaded.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# vLLM's CPU backend would size its KV cache from this variable, overriding
+# EngineConfig.kv_cache_bytes; nothing else reads it, so dropping it is harmless for the
+# benchmarks without vLLM.
+os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+
+# DS_ACCELERATOR=cpu is not set here: the GPU check (gpu_check_stages) runs DeepSpeed on CUDA.
+# The CPU training benchmarks set it themselves before they load DeepSpeed.
