@@ -353,7 +353,7 @@ class PosteriorConfig:
     roots. Pinned defaults, fixed on the simulator before any reported run: the argmin of
     rollouts per mixed group (mean of the learned and the noisy predictor) over s ∈ {1, 2, 4, 8,
     16} × γ ∈ {0.5, 0.7, 0.9} × W ∈ {4, 8} on the persistent pool at (M, N) = (256, 2), tuning
-    seed 100 (``bench/contrast.py --posterior-sweep --seed 100``). The whole grid lay within
+    seed 100 (``python -m bench.contrast --posterior-sweep --seed 100``). The whole grid lay within
     ±8% of the point-estimate TRACE there; these values are not claimed to matter much."""
 
     prior_strength: float = 8.0  # s: pseudo-rollouts the predictor's prior counts for
