@@ -583,3 +583,35 @@ def test_the_dvc_stages_call_the_steps_and_reach_neither_kubeflow_nor_a_componen
         return False
 
     assert not [m for m, path in closure.items() if imports_kfp(path)]
+
+
+def test_the_imports_between_pipelines_and_components_run_one_way() -> None:
+    """The components call the steps, and only the DAG, which composes the components, imports them:
+    no component reaches the DAG (or anything that imports a component) through what it imports."""
+    import ast
+
+    from pipelines.lineage import import_closure
+
+    root = Path(__file__).resolve().parents[1]
+
+    def direct_imports(path: Path) -> set[str]:
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+        return found
+
+    importers = sorted(
+        ".".join(path.relative_to(root).with_suffix("").parts)
+        for path in (root / "pipelines").rglob("*.py")
+        if any(n == "components" or n.startswith("components.") for n in direct_imports(path))
+    )
+    assert importers == ["pipelines.dag"]
+    for path in sorted((root / "components").glob("*.py")):
+        name = f"components.{path.stem}" if path.stem != "__init__" else "components"
+        closure = import_closure(name, roots=("pipelines", "components", "trace_core"))
+        reached = sorted(m for m in closure if m.startswith("pipelines"))
+        assert not set(reached) & set(importers), (name, reached)  # no way back: no cycle
+        assert any(m.startswith("pipelines.steps.") for m in reached) or name == "components", name
