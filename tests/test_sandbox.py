@@ -39,6 +39,10 @@ TOKEN = "r" + secrets.token_hex(6)
 CANARY_NAME = "TRACE_SANDBOX_CANARY"
 CANARY_VALUE = f"canary-{TOKEN}-do-not-leak"
 REPO = Path(__file__).resolve().parents[1]
+# The cell's /tmp: its working directory and, for a venv under the host's /tmp, the read-only way
+# down to it.
+_VENV = os.path.realpath(sys.prefix)
+CELL_TMP = sorted({"w", *([_VENV.split("/")[2]] if _VENV.startswith("/tmp/") else [])})
 SANDBOX_SOURCES = sorted((REPO / "trace_core" / "envs").glob("*sandbox*.py"))
 ESCAPE_PATHS = [
     f"/etc/escape-{TOKEN}",
@@ -179,11 +183,7 @@ def test_private_workdir_is_writable_and_empty_each_call(sandbox):
     )
     assert first.observation == "/tmp/w ['notes.txt']"
     second = sandbox.run("import os\nprint(sorted(os.listdir('.')), sorted(os.listdir('/tmp')))")
-    # /tmp is a fresh tmpfs holding the private dir and, for a venv that lives under the host's
-    # /tmp, the read-only way down to it
-    venv = os.path.realpath(sys.prefix)
-    shown = sorted({"w", *([venv.split("/")[2]] if venv.startswith("/tmp/") else [])})
-    assert second.observation == f"[] {shown}"
+    assert second.observation == f"[] {CELL_TMP}"  # a fresh /tmp each call
 
 
 def test_an_interpreter_under_the_hosts_tmp_starts_and_sees_it_read_only(tmp_path, fault):
@@ -504,7 +504,7 @@ def test_no_host_folder_is_visible(hostile, tmp_path):
     lines = result.stdout.splitlines()
     assert all(line.endswith(" FileNotFoundError") for line in lines[: len(targets)]), lines
     assert "etc ['group', 'ld.so.cache', 'localtime', 'passwd']" in lines
-    assert "tmp ['w']" in lines
+    assert f"tmp {CELL_TMP}" in lines
     venv = os.path.realpath(sys.prefix)
     repo_inside = None  # the checkout is no folder of the cell's ...
     if venv.startswith(f"{REPO}/"):
