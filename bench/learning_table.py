@@ -191,14 +191,18 @@ def matched(a: Mapping[int, Any], b: Mapping[int, Any]) -> list[int]:
 def difference(a: Mapping[int, Mapping[str, Any]], b: Mapping[int, Mapping[str, Any]], start: Mapping[str, Any],
                at_rollouts: float) -> dict[str, Any] | None:
     """a − b in pool success at equal rollouts over the seeds both have, with its standard error
-    (each side's, in quadrature). None without a matched seed."""
+    (each side's, in quadrature), and in the area under the curve over the same range. The point
+    is ``at_rollouts``, or, where a matched run spent fewer training rollouts, the most every
+    matched run of both spent (a method whose rounds sample less than the budget is compared
+    where both curves exist, not extrapolated). None without a matched seed."""
     seeds = matched(a, b)
     if not seeds:
         return None
-    rows = [pool_row({s: runs[s] for s in seeds}, start, at_rollouts, None, at_rollouts) for runs in (a, b)]
+    at = min([at_rollouts, *(float(sum(runs[s]["steps"]["rollouts"])) for runs in (a, b) for s in seeds)])
+    rows = [pool_row({s: runs[s] for s in seeds}, start, at, None, at) for runs in (a, b)]
     diff = rows[0]["at_equal_rollouts"] - rows[1]["at_equal_rollouts"]
     se = math.hypot(rows[0]["at_equal_rollouts_se"], rows[1]["at_equal_rollouts_se"])
-    return {"seeds": seeds, "difference": diff, "se": se, "z": in_se(diff, se),
+    return {"seeds": seeds, "at_rollouts": at, "difference": diff, "se": se, "z": in_se(diff, se),
             "area_difference": rows[0]["area"] - rows[1]["area"],
             "area_se": math.hypot(rows[0]["area_se"], rows[1]["area_se"])}
 
@@ -231,7 +235,9 @@ def truly_mixed_reading(runs: Mapping[int, Mapping[str, Any]], truth: Mapping[st
 
 
 def in_se(value: float, se: float) -> float:
-    """``value`` in standard errors (±inf for a zero error, NaN for 0/0)."""
+    """``value`` in standard errors (±inf for a zero error, NaN for 0/0 or an undefined value or error)."""
+    if not (math.isfinite(value) and not math.isnan(se)):
+        return float("nan")
     if se > 0:
         return value / se
     return math.copysign(math.inf, value) if value else float("nan")
