@@ -42,7 +42,7 @@ Protocol (fixed before any result was seen; the simulator's defaults are pinned 
   simulator's expected root rollout, ``trace_core.sim.expected_rollout_tokens``: what a trajectory
   budget of M(1+N) root rollouts would generate). GRPO and PCL get the groups of G that T buys at
   the expected costs; ``trace-tokens`` plans its roots and reservation and spends each prompt's
-  allowance. Each row keeps its own cost ledger (``trace_core.sim.TokenLedger``) across its steps.
+  allowance. Each row keeps its own cost ledger (``trace_core.token_budget.TokenLedger``) across its steps.
   Mixed groups per 1,000 tokens are pooled as counts over the reported steps, the trained mixed
   prompt groups alone and with the expanded anchors whose branch group holds both outcomes (the
   token budget's objective).
@@ -167,12 +167,12 @@ class Task:
 def run_task(task: Task) -> dict:
     from trace_core.allocation import BudgetSpec, PosteriorRoots, get_method
     from trace_core.history import PosteriorConfig, PromptHistory
-    from trace_core.sim import PersistentPool, SimConfig, TokenLedger, make_predictor, run_step
+    from trace_core.sim import PersistentPool, SimConfig, make_predictor, run_step, sim_token_ledger
 
     config = SimConfig(difficulty_beta=task.beta)
     spec = BudgetSpec(task.roots_M, task.expansion_N, pool_factor=task.pool_factor,
                       tokens_per_step=token_budget(task, config) if task.budget == "tokens" else None)
-    ledger = TokenLedger.for_config(config)
+    ledger = sim_token_ledger(config)
     kind = "oracle" if task.predictor == "none" else task.predictor
     predictor = make_predictor(kind, config, seed=task.seed, noise_std=task.noise_std)
     cell = [task.seed, task.roots_M, task.expansion_N, task.pool_factor, round(task.beta * 1000)]
@@ -346,7 +346,7 @@ def run_all(tasks: list[Task], workers: int) -> list[dict]:
 def protocol(args: argparse.Namespace) -> dict:
     from trace_core.allocation import DynamicSamplingConfig, get_method
     from trace_core.history import GresoConfig, PosteriorConfig
-    from trace_core.sim import LearnedPredictorConfig, PersistentPoolConfig, SimConfig, TokenLedger
+    from trace_core.sim import LearnedPredictorConfig, PersistentPoolConfig, SimConfig, sim_token_ledger
     from trace_core.vip import VipConfig
 
     def rounds(name: str) -> dict:
@@ -364,7 +364,7 @@ def protocol(args: argparse.Namespace) -> dict:
         "posterior": dataclasses.asdict(PosteriorConfig()),
         "vip": dataclasses.asdict(VipConfig()),
         "one_budget": dataclasses.asdict(get_method("trace-tokens").token_rule.config),
-        "cost_model": dataclasses.asdict(TokenLedger.for_config(SimConfig()).cost_model),
+        "cost_model": dataclasses.asdict(sim_token_ledger(SimConfig()).cost_model),
         "noise_std_default": DEFAULT_NOISE_STD,
         "group_size_G": 8, "max_per_prompt": 16, "pool_factor": 4,
         "total_steps": args.total_steps, "report_steps": args.report_steps, "seed": args.seed,

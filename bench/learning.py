@@ -92,7 +92,8 @@ def run_settings(variant: str, seed: int, args: argparse.Namespace, identity: di
             "lr": args.lr, "pool_k": args.pool_k, "measure_at": measure_steps(args.steps),
             "heldout_k": args.heldout_k, "roots_M": args.roots_M, "expansion_N": args.expansion_N,
             "group_size_G": 8, "max_m": args.max_m, "testbed": identity,
-            "config": Path(args.config).name}
+            "config": Path(args.config).name,
+            **({"tokens_per_step": args.tokens_per_step} if args.tokens_per_step is not None else {})}
 
 
 def record_path(records: Path, variant: str, seed: int) -> Path:
@@ -119,6 +120,7 @@ def overrides(args: argparse.Namespace, variant: str, seed: int, out: Path, at: 
         f"budget.expansion_N={args.expansion_N}", "budget.group_size_G=8", f"budget.max_per_prompt={args.max_m}",
         "predictor.task_family=qa", f"pool_success.samples={args.pool_k}", f"pool_success.at_steps={at}",
         f"predictor_warmup.task_file={tb / 'warmup.jsonl' if informed else 'null'}",
+        f"budget.tokens_per_step={'null' if args.tokens_per_step is None else args.tokens_per_step}",
     ]
 
 
@@ -440,6 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--roots-M", dest="roots_M", type=int, default=32)
     run.add_argument("--expansion-N", dest="expansion_N", type=int, default=1)
     run.add_argument("--max-m", type=int, default=8, help="M_max")
+    run.add_argument("--tokens-per-step", type=int, default=None,
+                     help="a budget of generated tokens per step (method §10) instead of M(1+N) trajectories, for "
+                          "trace-tokens and the methods without expansion or rounds (grpo, pcl, vip); give such runs "
+                          "their own --records folder, so that their table compares them at equal tokens")
     run.add_argument("--config", default="configs/testbed.yaml")
     run.add_argument("--data", default="data")
     run.add_argument("--index", default=None, help="the QA retriever index (default: the testbed folder's "

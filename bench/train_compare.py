@@ -71,7 +71,7 @@ VARIANTS = {"grpo": ("grpo", False), "pcl": ("pcl", True), "treepo": ("treepo", 
             "dapo-capped": ("dapo-capped", False),
             "trace-posterior": ("trace-posterior", True),
             "trace-posterior-thompson": ("trace-posterior-thompson", True),
-            "vip": ("vip", True)}
+            "vip": ("vip", True), "trace-tokens": ("trace-tokens", True)}
 ABLATIONS = ("trace-root-only", "trace-prefix-only")
 ROW_KEYS = ("effective_ratio", "contrastive_yield", "mixed_groups_per_100_rollouts", "rollouts_per_mixed_group",
             "prefix_effective_ratio", "alloc/skipped_share", "budget/generated_tokens")
@@ -116,7 +116,8 @@ def run_settings(variant: str, seed: int, args, testbed_hash: str) -> dict:
             "testbed": str(Path(args.testbed).resolve()), "testbed_hash": testbed_hash,
             "config": str(config),
             "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
-            "data": args.data, "index": args.index}
+            "data": args.data, "index": args.index,
+            **({"tokens_per_step": args.tokens_per_step} if args.tokens_per_step is not None else {})}
 
 
 def cached_run(folder: Path, commit: str | None, settings: dict, fresh: bool, any_commit: bool = False
@@ -206,6 +207,7 @@ def run_one(variant: str, seed: int, args, engine, start_record: dict | None) ->
         f"budget.expansion_N={args.expansion_N}", "budget.group_size_G=8", f"budget.max_per_prompt={args.max_m}",
         "predictor.task_family=qa", f"pool_success.samples={args.pool_k}", f"pool_success.at_steps={at}",
         f"predictor_warmup.task_file={f'{args.testbed}/warmup.jsonl' if informed else 'null'}",
+        f"budget.tokens_per_step={'null' if args.tokens_per_step is None else args.tokens_per_step}",
     ]
     cfg = load_config(TrainConfig, args.config, overrides)
     t0 = time.perf_counter()
@@ -479,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--roots-M", dest="roots_M", type=int, default=32)
     ap.add_argument("--expansion-N", dest="expansion_N", type=int, default=1)
     ap.add_argument("--max-m", type=int, default=8, help="M_max")
+    ap.add_argument("--tokens-per-step", type=int, default=None,
+                    help="a budget of generated tokens per step (method §10) instead of M(1+N) trajectories: for "
+                         "trace-tokens and the methods without expansion or rounds (grpo, pcl, vip), at equal tokens")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--ablation-seeds", type=int, nargs="+", default=None,
                     help="seeds for the ablations and treepo (default: --seeds)")

@@ -114,6 +114,23 @@ def test_comparisons_use_only_the_seeds_both_methods_have() -> None:
     assert d["difference"] == pytest.approx(12 / 16 - 9 / 16)
 
 
+def test_a_method_that_spends_less_is_compared_where_both_curves_exist() -> None:
+    """A round rule may spend fewer rollouts than GRPO's budget: the pair is compared at the most
+    both spent (interpolated on the longer curve), never extrapolated to NaN, and an undefined
+    difference is NaN standard errors, not infinitely many."""
+    start = {"measure": _measure(0, [0, 0, 0, 0])}
+    g = {0: _run("grpo", 0, [10, 10], [100, 100], [_measure(1, [2, 0, 0, 0]), _measure(2, [3, 1, 0, 0])], [1, 1],
+                 [2, 2], {"q": 1})}
+    short = {0: _run("greso", 0, [5, 10], [50, 100], [_measure(1, [4, 0, 0, 0]), _measure(2, [4, 2, 2, 0])],
+                     [1, 1], [2, 2], {"q": 1})}
+    d = lt.difference(short, g, start, 20)
+    assert d["at_rollouts"] == 15
+    # at 15 rollouts: greso at its last point 8/16; grpo halfway between 2/16 and 4/16
+    assert d["difference"] == pytest.approx(8 / 16 - 3 / 16)
+    assert math.isfinite(d["z"])
+    assert math.isnan(lt.in_se(float("nan"), float("nan"))) and lt.in_se(1.0, 0.0) == math.inf
+
+
 @pytest.fixture(scope="module")
 def mini_testbed(kb_qa_index, tmp_path_factory):
     """A 16-question testbed warm start (the pipeline's recipe), its held-out split from the

@@ -306,3 +306,69 @@ def test_anchor_predictions_come_back_per_tree_and_nan_where_not_scored(engine, 
     bare = run(engine, tokenizer, "grpo", [2], 0, tasks(1))
     assert bare.anchor_predictions[0].shape == (len(bare.trees[0].nodes),)
     assert np.isnan(bare.anchor_predictions[0]).all()
+
+
+def test_a_token_priced_prompt_spends_its_allowance_by_the_methods_stage_2(engine, tokenizer) -> None:
+    """trace-tokens (method §10): once a prompt's bare rollouts finish, its allowance is its
+    reservation plus its roots' expected tokens less their realised ones, and the continuations
+    and further roots the executor starts are exactly what the method's stage 2 buys with it."""
+    from trace_core.costs import CostModel, remaining_tokens
+    from trace_core.rollout.executor import TokenAllowance
+    from trace_core.token_budget import TokenLedger, spend_prompt_tokens
+
+    method = get_method("trace-tokens")
+    ledger = TokenLedger(CostModel(initial_tokens=36.0, initial_turns=3.0))
+    reserved, root_cost, root_p = np.array([150.0, 0.0, 60.0]), np.array([36.0, 30.0, 36.0]), np.array([0.5, 0.3, 0.6])
+    m = [2, 3, 0]
+    executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT, tool_workers=0)
+    result = executor.run(tasks(3, turns=3), m, expansion_of(method, 0, random_scorer,
+                                                              TokenAllowance(reserved, root_cost, root_p, ledger)),
+                          np.random.default_rng(0))
+    expands = {e.prompt_id: e.detail for e in result.events if e.kind == "expand"}
+    assert sorted(expands) == ["q0", "q1"]  # q2 had no roots
+    spent_any = False
+    for i, tree in enumerate(result.trees):
+        bare = tree.bare_trajectories()
+        realised = sum(sum(tree.nodes[n].loss_mask) for b in bare for n in b.nodes)
+        allowance = reserved[i] + root_cost[i] * m[i] - realised
+        detail = expands[tree.prompt_id]
+        assert detail["allowance"] == pytest.approx(allowance)
+        anchors = tree.anchors()
+        turn = np.array([tree.nodes[a].depth for a in anchors])
+        cost = remaining_tokens(ledger.costs, ledger.cost_model, np.full(len(anchors), root_cost[i]), turn,
+                                np.array([tree.bare_length(a) for a in anchors], dtype=np.float64))
+        r = np.array([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors])
+        outcomes = np.array([tree.trajectory_reward(b.id) for b in bare])
+        want = spend_prompt_tokens(result.anchor_predictions[i][anchors], r, turn, cost, outcomes, root_p[i],
+                                   root_cost[i], allowance)
+        got = result.continuations_per_anchor[tree.prompt_id]
+        expected = {int(a): int(k) for a, k in zip(anchors, want.K, strict=True) if k > 0}
+        if want.extra_roots:
+            expected[ROOT] = want.extra_roots
+        assert got == expected
+        assert detail["expected_tokens"] == pytest.approx(want.tokens) and want.tokens <= max(allowance, 0.0) + 1e-9
+        starts: dict[int, int] = {}
+        for t in tree.trajectories:
+            if t.kind == "continuation":
+                starts[t.branch_node] = starts.get(t.branch_node, 0) + 1
+        assert starts == got
+        spent_any |= bool(got)
+    assert spent_any  # q0's reservation of 150 tokens buys continuations
+
+
+def test_a_token_allowance_belongs_to_a_token_priced_method_only(engine, tokenizer) -> None:
+    from trace_core.costs import CostModel
+    from trace_core.rollout.executor import Expansion, TokenAllowance
+    from trace_core.token_budget import TokenLedger
+
+    allowance = TokenAllowance(np.zeros(2), np.full(2, 10.0), np.full(2, 0.5), TokenLedger(CostModel()))
+    with pytest.raises(ValueError, match="TokenAllowance"):
+        Expansion(get_method("trace-tokens"), 0, random_scorer)
+    with pytest.raises(ValueError, match="TokenAllowance"):
+        Expansion(get_method("trace"), 2, random_scorer, allowance)
+    with pytest.raises(ValueError, match="root_cost must be finite and > 0"):
+        TokenAllowance(np.zeros(2), np.zeros(2), np.full(2, 0.5), TokenLedger(CostModel()))
+    executor = TreeRolloutExecutor(engine, tokenizer, fixed_env, AGENT, tool_workers=0)
+    with pytest.raises(ValueError, match="2 entries for 3 tasks"):
+        executor.run(tasks(3), [2, 2, 2], Expansion(get_method("trace-tokens"), 0, random_scorer, allowance),
+                     np.random.default_rng(0))

@@ -28,12 +28,12 @@ from trace_core.sim import (
     PersistentPool,
     PersistentPoolConfig,
     SimConfig,
-    TokenLedger,
     expected_rollout_tokens,
     make_predictor,
     martingale_step,
     path_tokens,
     run_step,
+    sim_token_ledger,
     simulate_paths,
     supervised_histories,
     tree_histories,
@@ -660,7 +660,7 @@ def test_the_reservation_follows_the_price_of_continuations():
     for growth in (0.5, 2.0):
         config = SimConfig(turn_tokens_growth=growth)
         spec = BudgetSpec(16, 2, tokens_per_step=int(48 * expected_rollout_tokens(config)))
-        ledger = TokenLedger.for_config(config)
+        ledger = sim_token_ledger(config)
         for s in range(3):
             ledger = run_step("trace-tokens", spec, OraclePredictor(), np.random.default_rng([9, s]), config,
                               compute_metrics=False, ledger=ledger).token_ledger

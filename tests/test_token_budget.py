@@ -357,3 +357,86 @@ def test_trace_tokens_is_a_registry_method_of_the_token_budget():
     np.testing.assert_array_equal(plan.m, want.m)
     np.testing.assert_array_equal(plan.reserved, want.reserved)
     assert isinstance(method.token_rule, OneBudget)
+
+
+# ============================================================================ the ledger over real trees
+def _turn(tree, traj, model_tokens, obs_tokens=2):
+    """One turn of ``model_tokens`` model-written tokens and ``obs_tokens`` observation tokens."""
+    return tree.add_turn(traj, [5] * (model_tokens + obs_tokens), [1] * model_tokens + [0] * obs_tokens)
+
+
+def _hand_tree():
+    """Prompt q: two bare rollouts of 3 turns (10+20+30 and 5+5+5 model tokens; rewards 1, 0), two
+    continuations from the first one's turn-1 anchor (7+8 and 4+4 tokens; rewards 0, 1), one from
+    the second's turn-2 anchor (9 tokens; reward 0) and one further root rollout (11 tokens)."""
+    from trace_core.tree import ROOT, RolloutTree
+
+    tree = RolloutTree("q", [1, 2, 3])
+    a = tree.start_trajectory("bare")
+    a1 = _turn(tree, a, 10)
+    _turn(tree, a, 20)
+    _turn(tree, a, 30, obs_tokens=0)
+    tree.finish(a, 1.0)
+    b = tree.start_trajectory("bare")
+    _turn(tree, b, 5)
+    b2 = _turn(tree, b, 5)
+    _turn(tree, b, 5, obs_tokens=0)
+    tree.finish(b, 0.0)
+    for tokens, reward in (((7, 8), 0.0), ((4, 4), 1.0)):
+        c = tree.start_trajectory("continuation", a1)
+        _turn(tree, c, tokens[0])
+        _turn(tree, c, tokens[1], obs_tokens=0)
+        tree.finish(c, reward)
+    c = tree.start_trajectory("continuation", b2)
+    _turn(tree, c, 9, obs_tokens=0)
+    tree.finish(c, 0.0)
+    r = tree.start_trajectory("continuation", ROOT)
+    _turn(tree, r, 11, obs_tokens=0)
+    tree.finish(r, 1.0)
+    return tree
+
+
+def test_a_steps_costs_read_off_its_trees_count_each_rollouts_own_tokens() -> None:
+    from trace_core.costs import CostModel, remaining_tokens
+    from trace_core.token_budget import TokenLedger, model_prefix_value, tree_step_costs
+
+    ledger = TokenLedger(CostModel(initial_tokens=50.0, initial_turns=3.0))
+    tree = _hand_tree()
+    costs = tree_step_costs([tree], ledger, {"q": 40.0})
+    assert costs.bare_tokens.tolist() == [60.0, 15.0] and costs.bare_turns.tolist() == [3.0, 3.0]
+    assert costs.bare_estimate.tolist() == [40.0, 40.0] and list(costs.bare_prompt_ids) == ["q", "q"]
+    # continuations from anchors only (the further root rollout is neither a bare rollout nor one)
+    assert costs.cont_tokens.tolist() == [15.0, 8.0, 9.0]
+    assert costs.cont_turn.tolist() == [1.0, 1.0, 2.0] and costs.cont_turns.tolist() == [3.0, 3.0, 3.0]
+    want = remaining_tokens(ledger.costs, ledger.cost_model, np.full(3, 40.0), np.array([1.0, 1.0, 2.0]),
+                            np.full(3, 3.0))
+    np.testing.assert_allclose(costs.cont_estimate, want)  # 40·(2/3), 40·(2/3), 40·(1/3) with w = 1
+    np.testing.assert_allclose(want, [80 / 3, 80 / 3, 40 / 3])
+    assert costs.prefix_predicted is None  # not a token-priced step
+    priced = tree_step_costs([tree], ledger, {"q": 40.0}, root_p={"q": 0.5})
+    # anchor a1's branch group holds 1, 0, 1: mixed; b2's holds 0, 0: not
+    assert priced.prefix_realised == 1.0
+    # 4 anchors (two per bare rollout), 3 continuations from them
+    want_value = model_prefix_value(np.array([0.5]), np.array([4.0]), np.array([3.0]))[0]
+    assert priced.prefix_predicted == pytest.approx(want_value)
+
+
+def test_the_ledger_learns_from_a_step_and_reports_its_estimates_error() -> None:
+    from trace_core.costs import CostModel, expected_root_tokens
+    from trace_core.token_budget import COST_FIGURES, TokenLedger, tree_step_costs
+
+    ledger = TokenLedger(CostModel(initial_tokens=50.0, initial_turns=3.0, prior_weight=1.0))
+    tree = _hand_tree()
+    after, figures = ledger.after_step(tree_step_costs([tree], ledger, {"q": 50.0}, root_p={"q": 0.5}))
+    assert set(COST_FIGURES) <= set(figures)
+    assert figures["tokens/root_cost_expected"] == 50.0 and figures["tokens/root_cost_realised"] == 37.5
+    # |50 − 60| / 60 and |50 − 15| / 15, averaged
+    assert figures["tokens/root_cost_error"] == pytest.approx((10 / 60 + 35 / 15) / 2)
+    assert figures["tokens/root_cost_bias"] == pytest.approx((-10 / 60 + 35 / 15) / 2)
+    assert figures["tokens/rho"] == pytest.approx(after.calibration.rho)
+    assert after.calibration.realised == 1.0
+    # the prompt's own mean (75 / 2) shrunk towards the policy's (the same 37.5) by one pseudo-rollout
+    assert expected_root_tokens(after.costs, after.cost_model, ["q"])[0] == pytest.approx(37.5)
+    assert TokenLedger.from_dict(after.cost_model, after.to_dict()) == after
+    _, no_rollout = ledger.after_step(tree_step_costs([], ledger, {}))
+    assert all(np.isnan(no_rollout[k]) for k in COST_FIGURES)

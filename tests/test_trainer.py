@@ -24,8 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAULT_AREA = "trainer resume"  # the fault summary's area of the tests with `fault` (a kill, then a resume)
 
 
-# a method priced in generated tokens (method §10) is not planned by the trainer's executor yet: its
-# trajectory rules refuse
+# a method priced in generated tokens (method §10) needs a token budget: tests/test_trainer_tokens.py
 @pytest.mark.parametrize("method", sorted(n for n, m in METHODS.items() if not m.prices_tokens))
 def test_each_method_trains_one_step(method, vllm_engine, tiny_models, server, tmp_path) -> None:
     from mlflow.tracking import MlflowClient

@@ -74,13 +74,9 @@ from trace_core.advantages import AdvantageEstimator
 from trace_core.allocation import BudgetSpec, Method, SampledRounds, get_method, sample_in_rounds
 from trace_core.costs import (
     CostModel,
-    CostState,
-    cost_error,
     expected_anchor_fraction,
     expected_root_tokens,
     expected_turns,
-    observe,
-    observe_continuations,
     remaining_tokens,
 )
 from trace_core.history import HistoryView, PromptHistory
@@ -93,7 +89,7 @@ from trace_core.metrics import (
     step_metrics,
     tree_is_mixed,
 )
-from trace_core.token_budget import PrefixCalibration, model_prefix_value, uniform_spec_for_tokens
+from trace_core.token_budget import StepCosts, TokenLedger, model_prefix_value, uniform_spec_for_tokens
 from trace_core.tree import ROOT, RolloutTree
 
 
@@ -664,24 +660,11 @@ class StepResult:
     token_ledger: TokenLedger | None = None  # the ledger after this step: pass it to the next one
 
 
-@dataclass(frozen=True)
-class TokenLedger:
-    """What the token budget (method §10) carries from step to step, immutable: the cost model and
-    its state (:mod:`trace_core.costs`: per-prompt and policy-wide discounted lengths, the learned
-    per-depth continuation correction) and the one-budget rule's calibration
-    (:class:`~trace_core.token_budget.PrefixCalibration`). :func:`run_step` reads it and returns
-    the next one in ``StepResult.token_ledger``; the state is observed for every method, the
-    calibration by token-priced methods only."""
-
-    cost_model: CostModel
-    costs: CostState = field(default_factory=CostState)
-    calibration: PrefixCalibration = PrefixCalibration()
-
-    @staticmethod
-    def for_config(config: SimConfig) -> TokenLedger:
-        """A fresh ledger whose first guesses are the configuration's expected rollout tokens and turns."""
-        turns = 0.5 * (config.horizon_min + config.horizon_max)
-        return TokenLedger(CostModel(initial_tokens=expected_rollout_tokens(config), initial_turns=turns))
+def sim_token_ledger(config: SimConfig) -> TokenLedger:
+    """A fresh :class:`~trace_core.token_budget.TokenLedger` whose first guesses are the
+    configuration's expected rollout tokens and turns."""
+    turns = 0.5 * (config.horizon_min + config.horizon_max)
+    return TokenLedger(CostModel(initial_tokens=expected_rollout_tokens(config), initial_turns=turns))
 
 
 def _checked_scores(values: object, n: int, what: str) -> np.ndarray:
@@ -743,7 +726,7 @@ def run_step(
     H, N = config.horizon_max, spec.expansion_N
     B = spec.pool_size
     token_rng = rng.spawn(1)[0]  # generated tokens only: the step's own stream is left as it was
-    ledger = ledger or TokenLedger.for_config(config)
+    ledger = ledger or sim_token_ledger(config)
     if method.prices_tokens and not spec.prices_tokens:
         raise ValueError(f"method {method.name!r} prices its step in generated tokens: the budget needs "
                          "tokens_per_step")
@@ -961,41 +944,32 @@ def _next_ledger(
     cont_from_anchor: np.ndarray, cont_prompt: np.ndarray, cont_start_depth: np.ndarray, cont_reward: np.ndarray,
     cont_tokens: np.ndarray,
 ) -> tuple[TokenLedger, dict[str, float]]:
-    """The ledger after the step, and the cost estimates' errors against what the step generated.
-
-    The costs observe the bare rollouts (tokens and turns, per prompt where prompts recur) and the
-    continuations from anchors (realised tokens against the linear rule's prediction from the root
-    estimate the step used); a token-priced method's calibration adds the stage-1 model's value of
-    the continuations each prompt ran (:func:`~trace_core.token_budget.model_prefix_value`, over
-    the prompt's anchors) against the expanded anchors whose branch group holds both outcomes."""
-    model, costs = ledger.cost_model, ledger.costs
-    t = costs.step + 1
+    """The ledger after the step (:meth:`~trace_core.token_budget.TokenLedger.after_step`), and the
+    cost estimates' figures against what the step generated. A token-priced method's calibration
+    pair is the stage-1 model's value of the continuations each prompt ran
+    (:func:`~trace_core.token_budget.model_prefix_value`, over the prompt's anchors) and the
+    expanded anchors whose branch group holds both outcomes."""
     horizon = prompts.horizon
-    figures = {}
-    if bare_prompt.size:
-        err = cost_error(root_cost[bare_prompt], np.maximum(bare_tokens, 1))
-        figures["tokens/root_cost_error"] = err.mean_relative
-        costs = observe(costs, model, t, bare_tokens, horizon[bare_prompt], None if ids is None else ids[bare_prompt])
     from_anchor = cont_from_anchor >= 0
-    if from_anchor.any():
-        a = cont_from_anchor[from_anchor]
-        err = cost_error(anchor_cost[a], np.maximum(cont_tokens[from_anchor], 1))
-        figures["tokens/anchor_cost_error"] = err.mean_relative
-        start, turns = cont_start_depth[from_anchor], horizon[cont_prompt[from_anchor]]
-        linear = root_cost[cont_prompt[from_anchor]] * (1.0 - start / turns)
-        costs = observe_continuations(costs, model, t, start, turns, linear, cont_tokens[from_anchor])
-    calibration = ledger.calibration
+    a = cont_from_anchor[from_anchor]
+    predicted, realised = None, 0.0
     if method.prices_tokens:
         B = root_cost.shape[0]
-        differs = cont_reward[from_anchor] != anchor_reward[cont_from_anchor[from_anchor]]
-        mixed_anchor = np.bincount(cont_from_anchor[from_anchor], weights=differs, minlength=K.size) > 0
-        realised = float(mixed_anchor.sum())
+        differs = cont_reward[from_anchor] != anchor_reward[a]
+        realised = float((np.bincount(a, weights=differs, minlength=K.size) > 0).sum())
         anchors = np.bincount(anchor_prompt, minlength=B).astype(np.float64)
         continuations = np.bincount(anchor_prompt, weights=K, minlength=B)
         predicted = float(model_prefix_value(v, anchors, continuations).sum())
-        calibration = calibration.observe(predicted, realised)
-        figures["tokens/rho"] = calibration.rho
-    return TokenLedger(model, costs, calibration), figures
+    step = StepCosts(
+        bare_tokens=bare_tokens.astype(np.float64), bare_turns=horizon[bare_prompt].astype(np.float64),
+        bare_estimate=root_cost[bare_prompt], bare_prompt_ids=None if ids is None else ids[bare_prompt],
+        cont_tokens=cont_tokens[from_anchor].astype(np.float64),
+        cont_turn=cont_start_depth[from_anchor].astype(np.float64),
+        cont_turns=horizon[cont_prompt[from_anchor]].astype(np.float64),
+        cont_root_estimate=root_cost[cont_prompt[from_anchor]], cont_estimate=anchor_cost[a],
+        prefix_predicted=predicted, prefix_realised=realised,
+    )
+    return ledger.after_step(step)
 
 
 def _sample_in_rounds(

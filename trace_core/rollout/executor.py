@@ -15,6 +15,13 @@ scorer; ``None`` for bare groups only: measurements, evaluation), the executor
    anchor's history (one request with ``n = K``; the prefix is reused from the cache);
 4. a prompt without anchors spends its ``m_i·N`` on extra root rollouts (method §3).
 
+A method priced in generated tokens (``trace-tokens``, method §10) has no ``m_i·N``: its
+expansion carries the step's :class:`TokenAllowance` (stage 1's reservations, the expected costs
+and the run's :class:`~trace_core.token_budget.TokenLedger`), and in step 3 each prompt spends its
+reservation plus what its bare rollouts cost less than expected — known once they have finished —
+with the method's stage 2 (``token_rule.spend``): continuations at its anchors, priced by their
+expected remaining tokens, and further root rollouts, each next unit where it gains most per token.
+
 A method that samples in rounds (DAPO's dynamic sampling: ``Method.group_filter``) runs through
 :meth:`TreeRolloutExecutor.run_in_rounds`: one :meth:`~TreeRolloutExecutor.run` per round, bare
 groups only, each round chosen after the earlier ones finished, then the group filter itself.
@@ -34,38 +41,66 @@ from typing import Any
 import numpy as np
 
 from trace_core.allocation import BudgetSpec, Method, sample_in_rounds
+from trace_core.costs import remaining_tokens
 from trace_core.history import HistoryView
 from trace_core.metrics import is_success, tree_is_mixed
 from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
 from trace_core.rollout.engine import Completion, GenerationRequest, RolloutEngine, Sample, SamplingConfig
 from trace_core.rollout.env import Action, Environment, Episode, Observation, Task, parse_action
 from trace_core.seeding import derive_seed
+from trace_core.token_budget import TokenLedger
 from trace_core.tree import ROOT, RolloutTree
+
+
+@dataclass(frozen=True)
+class TokenAllowance:
+    """What a token-priced step's stage 2 needs from its stage 1 (method §10), one entry per task
+    of the :meth:`TreeRolloutExecutor.run` call: each prompt's allowance is ``reserved[i] +
+    root_cost[i]·m_i −`` its bare rollouts' realised tokens."""
+
+    reserved: np.ndarray  # float64 (tasks,): stage 1's reservation of each task (TokenPlan.reserved)
+    root_cost: np.ndarray  # float64 (tasks,): the expected tokens of one root rollout of each task
+    root_p: np.ndarray  # float64 (tasks,): the root prediction of each task (stage 1's v)
+    ledger: TokenLedger  # the run's costs before the step: an anchor's expected remaining tokens
+
+    def __post_init__(self) -> None:
+        shapes = {np.shape(self.reserved), np.shape(self.root_cost), np.shape(self.root_p)}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+            raise ValueError(f"reserved, root_cost and root_p need one entry per task each, got shapes {shapes}")
+        if np.any(~np.isfinite(self.root_cost) | (np.asarray(self.root_cost) <= 0)):
+            raise ValueError("root_cost must be finite and > 0: a root rollout's expected tokens")
 
 
 @dataclass(frozen=True)
 class Expansion:
     """A run's prompt-local prefix expansion: once a prompt's bare rollouts finish, its anchors are
-    scored with ``score_prefixes`` and ``method``'s prefix rule places m_i·N continuations."""
+    scored with ``score_prefixes`` and ``method``'s prefix rule places m_i·N continuations — or,
+    for a method priced in tokens, its stage 2 spends the prompt's :class:`TokenAllowance`."""
 
-    method: Method  # its prefix rule places the continuations
-    expansion_N: int  # N: continuations per bare rollout
+    method: Method  # its prefix rule places the continuations (its token rule's stage 2: spends them)
+    expansion_N: int  # N: continuations per bare rollout (unused by a token-priced method)
     score_prefixes: PrefixScorer  # (tree, anchor node ids) -> success probability at each anchor
+    tokens: TokenAllowance | None = None  # a token-priced method's stage-2 inputs; None for every other
 
     def __post_init__(self) -> None:
         if not self.method.expands:
             raise ValueError(f"method {self.method.name!r} has no prefix rule: pass expansion=None")
         if self.expansion_N < 0:
             raise ValueError(f"expansion_N must be >= 0, got {self.expansion_N}")
+        if self.method.prices_tokens != (self.tokens is not None):
+            raise ValueError(f"method {self.method.name!r}: a token-priced method's expansion needs its "
+                             "TokenAllowance, and only such a method takes one")
 
 
-def expansion_of(method: Method, expansion_N: int, score_prefixes: PrefixScorer | None) -> Expansion | None:
-    """The expansion a method asks for at this N (None when it expands nothing)."""
-    if not method.expands or expansion_N == 0:
+def expansion_of(method: Method, expansion_N: int, score_prefixes: PrefixScorer | None,
+                 tokens: TokenAllowance | None = None) -> Expansion | None:
+    """The expansion a method asks for at this N (None when it expands nothing); a token-priced
+    method expands by its allowance, whatever N."""
+    if not method.expands or (expansion_N == 0 and not method.prices_tokens):
         return None
     if score_prefixes is None:
         raise ValueError(f"method {method.name!r} expands prefixes: score_prefixes is required")
-    return Expansion(method, expansion_N, score_prefixes)
+    return Expansion(method, expansion_N, score_prefixes, tokens)
 
 # Scores prefixes of one tree: (tree, node ids) -> predicted success probabilities in [0, 1].
 PrefixScorer = Callable[[RolloutTree, Sequence[int]], np.ndarray]
@@ -150,10 +185,12 @@ class _Traj:
 @dataclass
 class _Prompt:
     task: Task
+    index: int  # the task's position in the run's tasks
     tree: RolloutTree
     m: int
-    prefix_budget: int
+    prefix_budget: int  # m_i·N continuations (0 under a token allowance: stage 2 decides)
     bare_left: int
+    bare_tokens: int = 0  # generated tokens of its bare rollouts so far
     open_trajs: int = 0
     expanded: bool = False
     done: bool = False
@@ -193,15 +230,17 @@ class TreeGrowth:
         self._pool = cf.ThreadPoolExecutor(self.tool_workers) if self.tool_workers > 0 else None
         t0 = time.perf_counter()
         try:
-            for task, mi in zip(tasks, m, strict=True):
+            for index, (task, mi) in enumerate(zip(tasks, m, strict=True)):
                 if int(mi) == 0:
                     continue
                 env = self.env_factory(task)
                 prompt_ids = render_prompt(self.tokenizer, task, env.tool_descriptions(), self.agent)
                 tree = RolloutTree(task.id, prompt_ids, info={"question": task.question})
                 expansion = self._expansion
-                budget = 0 if expansion is None else expansion.method.prefix_budget(int(mi), expansion.expansion_N)
-                state = _Prompt(task=task, tree=tree, m=int(mi), prefix_budget=budget, bare_left=int(mi))
+                budget = (0 if expansion is None or expansion.tokens is not None
+                          else expansion.method.prefix_budget(int(mi), expansion.expansion_N))
+                state = _Prompt(task=task, index=index, tree=tree, m=int(mi), prefix_budget=budget,
+                                bare_left=int(mi))
                 self._prompts.append(state)
                 self._start_group(len(self._prompts) - 1, "bare", ROOT, int(mi), first_env=env)
                 self._event("submit_bare", state, m=int(mi))
@@ -326,6 +365,8 @@ class TreeGrowth:
         )
         traj.last_node = node
         self._stats.generated_tokens += len(model_ids)
+        if tree.trajectories[traj.traj].kind == "bare":
+            state.bare_tokens += len(model_ids)
         if finished:
             reward = float(traj.env.reward(Episode(state.task, traj.actions, traj.observations)))
             tree.finish(traj.traj, reward)
@@ -347,6 +388,10 @@ class TreeGrowth:
     def _expand(self, pi: int) -> None:
         state = self._prompts[pi]
         state.expanded = True
+        expansion = self._expansion
+        if expansion is not None and expansion.tokens is not None:
+            self._spend_allowance(pi, expansion)
+            return
         budget = state.prefix_budget
         if budget == 0:
             if state.open_trajs == 0:
@@ -355,15 +400,8 @@ class TreeGrowth:
             return
         tree = state.tree
         anchors = tree.anchors()
-        expansion = self._expansion
         assert expansion is not None  # a prefix budget exists only with an expansion
-        p = np.zeros(0)
-        if anchors:
-            t = time.perf_counter()
-            p = np.asarray(expansion.score_prefixes(tree, anchors), dtype=np.float64)
-            self._stats.scoring_s += time.perf_counter() - t
-            if p.shape != (len(anchors),):
-                raise ValueError(f"score_prefixes returned shape {p.shape} for {len(anchors)} anchors")
+        p = self._score(tree, anchors, expansion)
         r = is_success([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors]).astype(np.float64)
         turn = np.array([tree.nodes[a].depth for a in anchors], dtype=np.int64)
         placement = expansion.method.place_prefixes(p, r, budget, turn, self._rng)
@@ -378,6 +416,56 @@ class TreeGrowth:
         for a, k in zip(anchors, placement.K, strict=True):
             if k > 0:
                 self._start_group(pi, "continuation", int(a), int(k))
+
+    def _spend_allowance(self, pi: int, expansion: Expansion) -> None:
+        """Stage 2 of a token-priced method for one prompt whose bare rollouts have finished: its
+        allowance (its reservation plus its roots' expected tokens less their realised ones) spent
+        by ``token_rule.spend`` on continuations at its anchors and further root rollouts."""
+        state = self._prompts[pi]
+        tree, tokens, i = state.tree, expansion.tokens, state.index
+        assert tokens is not None and expansion.method.token_rule is not None
+        anchors = tree.anchors()
+        p = self._score(tree, anchors, expansion)
+        r = is_success([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors]).astype(np.float64)
+        turn = np.array([tree.nodes[a].depth for a in anchors], dtype=np.int64)
+        root_cost = float(tokens.root_cost[i])
+        ledger = tokens.ledger
+        anchor_cost = np.zeros(0)
+        if anchors:
+            turns = np.array([tree.bare_length(a) for a in anchors], dtype=np.float64)
+            anchor_cost = remaining_tokens(ledger.costs, ledger.cost_model, np.full(len(anchors), root_cost), turn,
+                                           turns)
+        allowance = float(tokens.reserved[i]) + root_cost * state.m - state.bare_tokens
+        bare = is_success([tree.trajectory_reward(b.id) for b in tree.bare_trajectories()]).astype(np.float64)
+        spend = expansion.method.token_rule.spend(p, r, turn, anchor_cost, bare, float(tokens.root_p[i]), root_cost,
+                                                  allowance)
+        K, extra = np.asarray(spend.K, dtype=np.int64), int(spend.extra_roots)
+        state.anchor_predictions = {int(a): float(pa) for a, pa in zip(anchors, p, strict=True)}
+        by_anchor = {int(a): int(k) for a, k in zip(anchors, K, strict=True) if k > 0}
+        if extra:
+            by_anchor[ROOT] = extra
+        self._k_by_anchor[state.task.id] = by_anchor
+        self._event("expand", state, anchors=len(anchors), continuations=int(K.sum()) + extra,
+                    allowance=allowance, expected_tokens=float(spend.tokens))
+        for a, k in zip(anchors, K, strict=True):
+            if k > 0:
+                self._start_group(pi, "continuation", int(a), int(k))
+        if extra:
+            self._start_group(pi, "continuation", ROOT, extra)
+        if state.open_trajs == 0 and not state.done:  # nothing to spend on: the prompt is complete
+            state.done = True
+            self._event("prompt_done", state)
+
+    def _score(self, tree: RolloutTree, anchors: list[int], expansion: Expansion) -> np.ndarray:
+        """The anchor scorer's predictions at ``anchors`` (timed as scoring)."""
+        if not anchors:
+            return np.zeros(0)
+        t = time.perf_counter()
+        p = np.asarray(expansion.score_prefixes(tree, anchors), dtype=np.float64)
+        self._stats.scoring_s += time.perf_counter() - t
+        if p.shape != (len(anchors),):
+            raise ValueError(f"score_prefixes returned shape {p.shape} for {len(anchors)} anchors")
+        return p
 
     def _event(self, kind: str, state: _Prompt, **detail: Any) -> None:
         self._events.append(RolloutEvent(self._engine_step, kind, state.task.id, detail))
@@ -429,6 +517,9 @@ class TreeRolloutExecutor:
                              "prompt (a repeated prompt would draw the same seeds and the same rollouts)")
         if any(int(x) < 0 or int(x) == 1 for x in m):
             raise ValueError("m must hold 0 or values >= 2 (a single rollout forms no group)")
+        if expansion is not None and expansion.tokens is not None and len(expansion.tokens.reserved) != len(tasks):
+            raise ValueError(f"the token allowance has {len(expansion.tokens.reserved)} entries for {len(tasks)} "
+                             "tasks: one per task")
         if self.engine.num_pending:
             raise ValueError(f"the engine has {self.engine.num_pending} pending requests; it must be idle")
         growth = self.growth_type(self.engine, self.tokenizer, self.env_factory, self.agent, self.tool_workers,

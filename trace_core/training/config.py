@@ -9,6 +9,7 @@ from typing import Literal
 
 from trace_core.advantages import ADVANTAGE_ESTIMATORS
 from trace_core.allocation import METHODS, BudgetSpec
+from trace_core.costs import CostModel
 from trace_core.envs.families import family_names
 from trace_core.envs.registry import EnvsConfig
 from trace_core.predictor.config import PredictorConfig
@@ -35,16 +36,22 @@ class TaskConfig:
 
 @dataclass
 class BudgetConfig:
-    """Per-step rollout budget (method §2–§4): every method spends M(1+N) trajectories."""
+    """Per-step rollout budget (method §2–§4): every method spends M(1+N) trajectories — or, with
+    ``tokens_per_step``, a budget of generated tokens (method §10)."""
 
     roots_M: int = 16  # M: TRACE's root budget
     expansion_N: int = 2  # N: continuations per bare rollout
     group_size_G: int = 8  # G: rollouts per prompt of the uniform baselines
     max_per_prompt: int = 16  # M_max
     pool_factor: int = 4  # candidate pool B = pool_factor·M(1+N)/G
+    # T: generated tokens per step (method §10). Required by a token-priced method (trace-tokens);
+    # a method without expansion or rounds (GRPO, PCL, …) then rolls out as many groups of G as T
+    # buys at the expected costs, so methods compare at equal tokens. None: M(1+N) trajectories.
+    tokens_per_step: int | None = None
 
     def spec(self) -> BudgetSpec:
-        return BudgetSpec(self.roots_M, self.expansion_N, self.group_size_G, self.max_per_prompt, self.pool_factor)
+        return BudgetSpec(self.roots_M, self.expansion_N, self.group_size_G, self.max_per_prompt, self.pool_factor,
+                          self.tokens_per_step)
 
 
 def check_method_budget(method: str, budget: BudgetConfig) -> None:
@@ -60,11 +67,21 @@ def check_method_budget(method: str, budget: BudgetConfig) -> None:
 
     keys = (f"budget.roots_M = {budget.roots_M}, budget.expansion_N = {budget.expansion_N}, "
             f"budget.group_size_G = {budget.group_size_G}, budget.max_per_prompt = {budget.max_per_prompt}, "
-            f"budget.pool_factor = {budget.pool_factor}")
+            f"budget.pool_factor = {budget.pool_factor}, budget.tokens_per_step = {budget.tokens_per_step}")
     try:
         spec = budget.spec()
     except ValueError as err:
         raise ValueError(f"budget: {err} ({keys})") from None
+    rule = get_method(method)
+    if rule.prices_tokens:  # its roots are planned in tokens: the trajectory root check does not apply
+        if not spec.prices_tokens:
+            raise ValueError(f"method {method!r} prices its step in generated tokens: set budget.tokens_per_step "
+                             f"(generated tokens per step) ({keys})")
+        return
+    if spec.prices_tokens and (rule.expands or rule.samples_in_rounds):
+        raise ValueError(f"budget.tokens_per_step = {spec.tokens_per_step}: under a token budget a method runs by "
+                         f"its token rule (trace-tokens) or as groups of G without expansion or rounds; method "
+                         f"{method!r} expands or samples in rounds, so it has no token-budget reading ({keys})")
     try:
         get_method(method).allocate_roots(np.full(spec.pool_size, 0.5), spec, np.random.default_rng(0))
     except ValueError as err:
@@ -179,6 +196,11 @@ class TrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     pool_success: PoolSuccessConfig = field(default_factory=PoolSuccessConfig)
     predictor_warmup: PredictorWarmupConfig = field(default_factory=PredictorWarmupConfig)
+    # How each rollout's expected generated tokens are estimated (method §10): read by the token
+    # budget's allocators, and its error logged for every method. The first guesses
+    # (initial_tokens, initial_turns) are capped by what the agent can generate
+    # (agent.max_new_tokens × agent.max_turns, agent.max_turns).
+    costs: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
         for key in ("policy_model", "output_dir"):
@@ -196,3 +218,21 @@ class TrainConfig:
             raise ValueError(f"agent.max_total_tokens ({self.agent.max_total_tokens}) exceeds "
                              f"engine.max_model_len ({self.engine.max_model_len})")
         check_method_budget(self.method, self.budget)
+        self._check_token_budget()
+
+    def _check_token_budget(self) -> None:
+        """A token budget must buy the method's smallest step at the cost model's first guess
+        (``costs.initial_tokens``, capped as the trainer caps it): 2 rollouts for a token-priced
+        method, one group of G for a uniform one."""
+        T = self.budget.tokens_per_step
+        if T is None:
+            return
+        guess = min(self.costs.initial_tokens, self.agent.max_new_tokens * self.agent.max_turns)
+        smallest = 2 if METHODS[self.method].prices_tokens else self.budget.group_size_G
+        if T < smallest * guess:
+            raise ValueError(f"budget.tokens_per_step = {T} buys no step of method {self.method!r}: its smallest "
+                             f"({smallest} rollouts) costs {smallest * guess:.0f} tokens at the first guess of "
+                             f"{guess:.0f} a rollout (costs.initial_tokens = {self.costs.initial_tokens}, capped at "
+                             f"agent.max_new_tokens × agent.max_turns = "
+                             f"{self.agent.max_new_tokens * self.agent.max_turns}): raise it, or lower "
+                             "costs.initial_tokens")

@@ -9,7 +9,11 @@ reads history (``method.reads_history``: GRESO, the posterior-aware roots) is ha
 :class:`~trace_core.history.PromptHistory` of bare root outcomes, which every step records and
 every checkpoint keeps; a group filter (``method.samples_in_rounds``: DAPO) replaces allocation
 and expansion by rounds of bare groups, whose dropped groups are paid for (budget, rollouts,
-effective ratio) but not trained on.
+effective ratio) but not trained on; a token rule (``method.prices_tokens``: ``trace-tokens``)
+plans the roots and each prompt's reservation in generated tokens (``budget.tokens_per_step``) and
+its expansion spends each prompt's allowance. Every step prices its rollouts in expected
+generated tokens from the run's :class:`~trace_core.token_budget.TokenLedger` (kept by every
+checkpoint) and logs the estimates beside what the rollouts generated.
 
 A step is logged only after its checkpoint is written, and the tracker's spool resends what a
 crash left unsent, so a resumed run continues the same MLflow run with no step missing or twice.
@@ -30,15 +34,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from trace_core.allocation import get_method
+from trace_core.allocation import BudgetSpec, get_method
 from trace_core.config import ConfigError, flatten
+from trace_core.costs import expected_anchor_fraction, expected_root_tokens, expected_turns
 from trace_core.history import PromptHistory
 from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, is_success, step_metrics
 from trace_core.rollout.agent import render_prompt
 from trace_core.rollout.env import Task
-from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of
+from trace_core.rollout.executor import RolloutResult, TokenAllowance, TreeRolloutExecutor, expansion_of
 from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
 from trace_core.seeding import derive_seed
+from trace_core.token_budget import TokenLedger, TokenPlan, tree_step_costs, uniform_spec_for_tokens
 from trace_core.tracking import MLflowTracker, Tracker, end_after, tracked_run
 from trace_core.training.config import TrainConfig
 from trace_core.training.heartbeat import Heartbeat
@@ -143,6 +149,9 @@ class TrainerState:
     root_outcomes: dict[str, Any] | None = None
     # the run's result-defining fields (run_guard.run_identity): a resume with others is refused
     identity: dict[str, Any] | None = None
+    # the token budget's ledger (TokenLedger.to_dict): the cost estimates' state and the one-budget
+    # rule's calibration, kept for every method (None: no step has run)
+    token_ledger: dict[str, Any] | None = None
 
 
 @dataclass
@@ -225,6 +234,12 @@ class Trainer:
         self._check_prompt_lengths([*self.tasks, *self._warmup_tasks], where)
         self.state = TrainerState()
         self.prompt_history = PromptHistory()
+        # the first guesses of the cost model, capped by what the agent can generate at all
+        agent = cfg.agent
+        self._cost_model = replace(cfg.costs,
+                                   initial_tokens=min(cfg.costs.initial_tokens, agent.max_new_tokens * agent.max_turns),
+                                   initial_turns=min(cfg.costs.initial_turns, agent.max_turns))
+        self.ledger = TokenLedger(self._cost_model)
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.profiler = PhaseProfiler()
@@ -384,21 +399,39 @@ class Trainer:
         with prof.phase("predictor_scoring"):
             v = self.predictor.score_histories([self._prompt_tokens(t) for t in pool])
         root_pred = {t.id: float(v[i]) for i, t in enumerate(pool)}
+        ledger = self.ledger  # the costs as they stand before this step's rollouts
+        ids = [t.id for t in pool]
+        root_cost = expected_root_tokens(ledger.costs, ledger.cost_model, ids)
+        plan: TokenPlan | None = None
         if self.method.samples_in_rounds:  # the roots are chosen round by round, after each round's outcomes
             with prof.phase("rollout"):
-                view = self.prompt_history.view([t.id for t in pool], step) if self.method.reads_history else None
+                view = self.prompt_history.view(ids, step) if self.method.reads_history else None
                 rounds = self.executor.run_in_rounds(pool, v, self.method, self.spec, self.rng,
                                                      sampling_seed=self.sampling_seed(step), history=view)
             result, m = rounds.result, rounds.m
         else:
-            m = self._allocate_roots(pool, v, step)
+            spec, allowance = self.spec, None
+            if self.method.prices_tokens:  # stage 1 in tokens: the roots and each prompt's reservation
+                turns = expected_turns(ledger.costs, ledger.cost_model, ids)
+                fraction = expected_anchor_fraction(ledger.costs, ledger.cost_model, turns)
+                plan = self.method.token_rule.plan(v, root_cost, turns, fraction, spec, ledger.calibration.rho)
+                m = np.asarray(plan.m, dtype=np.int64)
+                allowance = TokenAllowance(plan.reserved.astype(np.float64), root_cost, v, ledger)
+            else:
+                if spec.prices_tokens:  # a uniform method at equal tokens: the groups of G the budget buys
+                    spec = uniform_spec_for_tokens(spec, root_cost)
+                m = self._allocate_roots(pool, v, step, spec)
+            if self.method.prices_tokens and not m.any():  # a uniform method's spec refuses that itself
+                raise ValueError(f"step {step}: budget.tokens_per_step = {spec.tokens_per_step} buys no group of "
+                                 f"2 rollouts at the expected {float(root_cost.min()):.0f}+ generated tokens a "
+                                 "rollout: raise it")
 
             def score_prefixes(tree, nodes):
                 return self.predictor.score_trees([tree], [list(nodes)])[0][list(nodes)]
 
             with prof.phase("rollout"):
-                result = self.executor.run(pool, m.tolist(), expansion_of(self.method, self.spec.expansion_N,
-                                                                          score_prefixes),
+                result = self.executor.run(pool, m.tolist(), expansion_of(self.method, spec.expansion_N,
+                                                                          score_prefixes, allowance),
                                            self.rng, sampling_seed=self.sampling_seed(step))
         # Wall-time attribution: the executor's loop is either in the engine, in the prefix scorer,
         # or outside both (tool steps and restores, waiting for tool threads). stats.tool_s sums
@@ -431,6 +464,18 @@ class Trainer:
         k, pos = anchor_allocation(trees)
         alloc = allocation_stats(m, k, pos, trees)
         metrics = self._step_metrics(trees, kept, advantages, alloc, result)
+        costs = tree_step_costs(trees, ledger, dict(zip(ids, root_cost.tolist(), strict=True)),
+                                root_pred if plan is not None else None)
+        self.ledger, cost_figures = ledger.after_step(costs)
+        self.state.token_ledger = self.ledger.to_dict()
+        metrics.update(cost_figures)
+        if plan is not None:
+            extra_roots = sum(c.kind == "continuation" and c.branch_node == ROOT for t in trees for c in t.trajectories)
+            metrics.update({
+                "tokens/budget": float(self.spec.tokens_per_step), "tokens/reservation_share": plan.reservation_share,
+                "tokens/reserved": float(plan.reserved.sum()), "tokens/planned_root_tokens": plan.root_tokens,
+                "tokens/predicted_prefix_value": plan.prefix_value, "tokens/extra_roots": float(extra_roots),
+            })
         metrics.update({f"predictor/{k2}": float(v2) for k2, v2 in pstats.items()})
         metrics.update({f"policy/{k2}": float(v2) for k2, v2 in ostats.items()})
         allocation = {"pool": [t.id for t in pool], "v": [float(x) for x in v], "m": [int(x) for x in m],
@@ -442,12 +487,13 @@ class Trainer:
         self._record_root_outcomes(step, trees, root_pred)
         return StepOutput(trees=trees, m=m, allocation=allocation, metrics=metrics)
 
-    def _allocate_roots(self, pool: list[Task], v: np.ndarray, step: int) -> np.ndarray:
-        """The step's bare rollouts per candidate: the method's root rule, reading the candidates'
-        history when the rule reads one, then ``explore_fraction`` where the method explores."""
+    def _allocate_roots(self, pool: list[Task], v: np.ndarray, step: int, spec: BudgetSpec) -> np.ndarray:
+        """The step's bare rollouts per candidate under ``spec``: the method's root rule, reading the
+        candidates' history when the rule reads one, then ``explore_fraction`` where the method explores."""
         view = self.prompt_history.view([t.id for t in pool], step) if self.method.reads_history else None
-        return self.method.allocate_roots(v, self.spec, self.rng, history=view,
-                                          explore_fraction=self.cfg.predictor.explore_fraction)
+        return np.asarray(self.method.allocate_roots(v, spec, self.rng, history=view,
+                                                     explore_fraction=self.cfg.predictor.explore_fraction),
+                          dtype=np.int64)
 
     def _record_root_outcomes(self, step: int, trees: Sequence[RolloutTree], root_pred: dict[str, float]) -> None:
         """Each sampled prompt's bare root outcomes of ``step`` and the root prediction the allocator
@@ -642,6 +688,8 @@ class Trainer:
         self.state = TrainerState(**data)
         self.prompt_history = (PromptHistory() if self.state.root_outcomes is None
                                else PromptHistory.from_dict(self.state.root_outcomes))
+        self.ledger = (TokenLedger(self._cost_model) if self.state.token_ledger is None
+                       else TokenLedger.from_dict(self._cost_model, self.state.token_ledger))
         with open(path / "rng.pkl", "rb") as f:
             rng = pickle.load(f)
         self.rng.bit_generator.state = rng["numpy"]
