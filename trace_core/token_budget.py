@@ -601,6 +601,15 @@ COST_FIGURES = ("tokens/root_cost_expected", "tokens/root_cost_realised", "token
                 "tokens/anchor_cost_error", "tokens/anchor_cost_bias")
 
 
+def _cost_figures(kind: str, estimated: np.ndarray, realised: np.ndarray) -> dict[str, float]:
+    """``tokens/{kind}_cost_*`` of :data:`COST_FIGURES`: mean expected and realised tokens a rollout,
+    the mean relative error and its sign (a realised 0 counted as 1)."""
+    err = cost_error(estimated, np.maximum(realised, 1))
+    return {f"tokens/{kind}_cost_expected": float(np.mean(estimated)),
+            f"tokens/{kind}_cost_realised": float(np.mean(realised)),
+            f"tokens/{kind}_cost_error": err.mean_relative, f"tokens/{kind}_cost_bias": err.bias}
+
+
 @dataclass(frozen=True)
 class TokenLedger:
     """What the token budget carries from step to step, immutable: the cost model and its state
@@ -627,17 +636,11 @@ class TokenLedger:
         figures = dict.fromkeys(COST_FIGURES, float("nan"))
         bare_tokens = np.asarray(step.bare_tokens, dtype=np.float64)
         if bare_tokens.size:
-            err = cost_error(step.bare_estimate, np.maximum(bare_tokens, 1))
-            figures.update({"tokens/root_cost_expected": float(np.mean(step.bare_estimate)),
-                            "tokens/root_cost_realised": float(bare_tokens.mean()),
-                            "tokens/root_cost_error": err.mean_relative, "tokens/root_cost_bias": err.bias})
+            figures.update(_cost_figures("root", step.bare_estimate, bare_tokens))
             costs = observe(costs, model, t, bare_tokens, step.bare_turns, step.bare_prompt_ids)
         cont_tokens = np.asarray(step.cont_tokens, dtype=np.float64)
         if cont_tokens.size:
-            err = cost_error(step.cont_estimate, np.maximum(cont_tokens, 1))
-            figures.update({"tokens/anchor_cost_expected": float(np.mean(step.cont_estimate)),
-                            "tokens/anchor_cost_realised": float(cont_tokens.mean()),
-                            "tokens/anchor_cost_error": err.mean_relative, "tokens/anchor_cost_bias": err.bias})
+            figures.update(_cost_figures("anchor", step.cont_estimate, cont_tokens))
             turn = np.asarray(step.cont_turn, dtype=np.float64)
             turns = np.asarray(step.cont_turns, dtype=np.float64)
             linear = np.asarray(step.cont_root_estimate, dtype=np.float64) * (1.0 - turn / turns)
