@@ -33,6 +33,16 @@ with the same settings (after a commit that added a method, say; the output list
 record's commit). A run folder without a record resumes from its last checkpoint when it was
 started with the same commit and settings, and starts over otherwise.
 
+With ``--tokens-per-step T`` the step's budget is T generated tokens (method §10) for every method
+that reads one (``trace-tokens``; GRPO, PCL and VIP as the groups of G it buys); TRACE and the
+round rules have no token reading and run at M(1+N), so T is set to what TRACE spends there and
+every row shows its tokens a step. That table judges its own targets (fixed before any run):
+trace-tokens' mixed groups per 1,000 tokens >= 1.2x TRACE's and >= 3x GRPO's; its effective ratio
+and its mixed groups per rollout above PCL's. Each row also says where its trajectories and
+tokens went (continuations' share, the anchors' depth) and its cost estimates' error.
+``--earlier RESULTS`` tables an earlier results file's runs (from its own series) beside the new
+ones for every method not rerun.
+
 Targets (fixed before any run): TRACE's effective ratio >= 1.8x GRPO's; contrastive yield >=
 1.5x GRPO's; on effective ratio trace > each single ablation > treepo; TRACE reaches GRPO's final
 pool success with <= 70% of GRPO's rollouts, judged only if GRPO's pool-success gain exceeds 3
@@ -104,12 +114,27 @@ def git_commit() -> str | None:
     return out.stdout.strip()
 
 
+def token_budget(variant: str, args) -> int | None:
+    """The generated-token budget a run of ``variant`` gets: ``--tokens-per-step`` for the methods
+    that read one (``trace-tokens``, and the methods without expansion or rounds, which spend it as
+    groups of G); None for the rest (TRACE's stages and the round rules are counted in
+    trajectories), which run at M(1+N) beside them: an equal-token table sets ``--tokens-per-step``
+    to what such a method spends at M(1+N), and its rows show each method's tokens a step."""
+    from trace_core.allocation import get_method
+
+    if args.tokens_per_step is None:
+        return None
+    rule = get_method(VARIANTS[variant][0])
+    return args.tokens_per_step if rule.prices_tokens or not (rule.expands or rule.samples_in_rounds) else None
+
+
 def run_settings(variant: str, seed: int, args, testbed_hash: str) -> dict:
     """Everything a run's figures depend on besides the code: a record is reused only when these
     and the commit match. (Whether the run measured the shared step-0 pool success itself or was
     handed it does not change its record.)"""
     method, informed = VARIANTS[variant]
     config = Path(args.config)
+    tokens = token_budget(variant, args)
     return {"variant": variant, "method": method, "informed": informed, "seed": seed, "steps": args.steps,
             "pool_mid": args.pool_mid, "pool_k": args.pool_k, "roots_M": args.roots_M,
             "expansion_N": args.expansion_N, "group_size_G": 8, "max_m": args.max_m,
@@ -117,7 +142,7 @@ def run_settings(variant: str, seed: int, args, testbed_hash: str) -> dict:
             "config": str(config),
             "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
             "data": args.data, "index": args.index,
-            **({"tokens_per_step": args.tokens_per_step} if args.tokens_per_step is not None else {})}
+            **({"tokens_per_step": tokens} if tokens is not None else {})}
 
 
 def cached_run(folder: Path, commit: str | None, settings: dict, fresh: bool, any_commit: bool = False
@@ -207,7 +232,7 @@ def run_one(variant: str, seed: int, args, engine, start_record: dict | None) ->
         f"budget.expansion_N={args.expansion_N}", "budget.group_size_G=8", f"budget.max_per_prompt={args.max_m}",
         "predictor.task_family=qa", f"pool_success.samples={args.pool_k}", f"pool_success.at_steps={at}",
         f"predictor_warmup.task_file={f'{args.testbed}/warmup.jsonl' if informed else 'null'}",
-        f"budget.tokens_per_step={'null' if args.tokens_per_step is None else args.tokens_per_step}",
+        f"budget.tokens_per_step={token_budget(variant, args) or 'null'}",
     ]
     cfg = load_config(TrainConfig, args.config, overrides)
     t0 = time.perf_counter()
@@ -238,6 +263,50 @@ def run_or_reuse(variant: str, seed: int, args, engine: SharedEngine, start_reco
     (folder / f".{RECORD}.tmp").write_text(record)
     os.replace(folder / f".{RECORD}.tmp", folder / RECORD)  # a record is whole or absent
     return run, None
+
+
+# ============================================================================ what a token budget shifted
+SHIFT_KEYS = ("continuation_trajectory_share", "continuation_token_share", "mean_anchor_depth",
+              "root_cost_error", "anchor_cost_error")
+
+
+def allocation_shift(folder: Path) -> dict[str, float] | None:
+    """What a run spent on roots and on continuations, read from its saved trees, and its cost
+    estimates' mean relative error per step, read from its last checkpoint's history (method §10's
+    ``tokens/*_cost_error``; NaN where the method estimates no cost): the continuations' share of
+    the trajectories and of the generated tokens, and the mean depth (turns before the branch) of
+    the anchors they branch from. None when the folder holds no trees (a run reused from an
+    earlier results file)."""
+    from trace_core.tree import load_trees
+
+    files = sorted((folder / "trees").glob("step*.jsonl.gz"))
+    if not files:
+        return None
+    count = {"bare": 0, "continuation": 0}
+    tokens = {"bare": 0, "continuation": 0}
+    depths: list[int] = []
+    for path in files:
+        for tree in load_trees(path):
+            for traj in tree.trajectories:
+                count[traj.kind] += 1
+                if traj.kind == "continuation":
+                    depths.append(tree.nodes[traj.branch_node].depth)
+            for node in tree.nodes:
+                if node.kind in tokens:
+                    tokens[node.kind] += int(sum(node.loss_mask))
+    history: dict = {}
+    pointer = folder / "checkpoints" / "latest"
+    if pointer.is_file():
+        state = folder / "checkpoints" / pointer.read_text().strip() / "trainer_state.json"
+        history = json.loads(state.read_text()).get("history") or {} if state.is_file() else {}
+
+    def mean_error(kind: str) -> float:
+        return _mean_finite([float(x) for x in history.get(f"tokens/{kind}_cost_error", [])])
+
+    return {"continuation_trajectory_share": count["continuation"] / max(sum(count.values()), 1),
+            "continuation_token_share": tokens["continuation"] / max(sum(tokens.values()), 1),
+            "mean_anchor_depth": float(np.mean(depths)) if depths else float("nan"),
+            "root_cost_error": mean_error("root"), "anchor_cost_error": mean_error("anchor")}
 
 
 def pool_curve(run: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -346,6 +415,9 @@ def summarise(runs: list[dict], variants: list[str], pool_k: int, pool_size: int
             "rollouts": float(np.mean(rollouts)),
             "warmup_rollouts": float(np.mean([r["warmup_rollouts"] for r in mine])),
         }
+        shifts = [r["allocation_shift"] for r in mine if r.get("allocation_shift")]
+        row["allocation_shift"] = ({k: _mean_finite([x[k] for x in shifts]) for k in SHIFT_KEYS}
+                                   if len(shifts) == len(mine) else None)
         reach = [rollouts_to_reach(r, grpo_final) for r in mine]
         row["rollouts_to_grpo_final"] = (None if any(x is None for x in reach) else
                                          {"warmup_excluded": float(np.mean(reach)),
@@ -365,6 +437,36 @@ def matched_ratio(runs: list[dict], a: str, b: str, num: str, den: str) -> tuple
         return top / sum(_totals(r, den) for r in mine)
 
     return ratio(a), ratio(b), seeds
+
+
+def per_token_ratio(runs: list[dict], a: str, b: str) -> tuple[float, float, list[int]]:
+    """Mixed groups trained on per 1,000 generated tokens of methods ``a`` and ``b``, pooled over
+    the seeds both have, and those seeds."""
+    tr, gr, seeds = matched_ratio(runs, a, b, "counts/mixed_groups_trained", "budget/generated_tokens")
+    return 1000 * tr, 1000 * gr, seeds
+
+
+def judge_tokens(rows: list[dict], runs: list[dict]) -> dict[str, str]:
+    """The equal-token targets (method §10, fixed before any run), each over the seeds both
+    compared methods have: trace-tokens' mixed groups per 1,000 generated tokens >= 1.2x trace's and
+    >= 3x grpo's; its effective ratio and its mixed groups per rollout above pcl's."""
+    by = {r["method"]: r for r in rows}
+    out: dict[str, str] = {}
+    if "trace-tokens" not in by:
+        return out
+    for other, target in (("trace", 1.2), ("grpo", 3.0)):
+        if other in by:
+            mine, theirs, seeds = per_token_ratio(runs, "trace-tokens", other)
+            out[f"trace-tokens mixed groups per 1k tokens >= {target}x {other}"] = (
+                ("PASS " if mine >= target * theirs else "MISS ")
+                + f"{mine:.3f} vs {theirs:.3f} ({mine / theirs:.2f}x, seeds {seeds})")
+    if "pcl" in by:
+        for label, num, den in (("effective ratio", "counts/mixed_groups", "counts/activated"),
+                                ("mixed groups per rollout", "counts/mixed_groups_trained", "counts/rollouts")):
+            mine, theirs, seeds = matched_ratio(runs, "trace-tokens", "pcl", num, den)
+            out[f"trace-tokens {label} above pcl"] = (("PASS " if mine > theirs else "MISS ")
+                                                      + f"{mine:.4f} vs {theirs:.4f} (seeds {seeds})")
+    return out
 
 
 def judge(rows: list[dict], pool: dict, runs: list[dict]) -> dict[str, str]:
@@ -416,11 +518,12 @@ def retable(path: Path) -> dict:
         variant, seed = name.rsplit("/seed", 1)
         warmup = series.get("warmup_rollouts", old_rows[variant]["warmup_rollouts"])
         runs.append({"variant": variant, "seed": int(seed), "series": series, "pool_success": series["pool_success"],
-                     "warmup_rollouts": warmup})
+                     "warmup_rollouts": warmup, "allocation_shift": series.get("allocation_shift")})
     variants = [r["method"] for r in data["rows"]]
     rows, pool = summarise(runs, variants, data["budget"]["pool_k"], data.get("pool_size", 128))
-    return {**data, "rows": rows, "pool_success_measurement": pool, "targets": judge(rows, pool, runs),
-            "provenance": EQUIVALENCE}
+    targets = (judge_tokens(rows, runs) if data["budget"].get("tokens_per_step") is not None
+               else judge(rows, pool, runs))
+    return {**data, "rows": rows, "pool_success_measurement": pool, "targets": targets, "provenance": EQUIVALENCE}
 
 
 def plot(runs: list[dict], variants: list[str], path: Path) -> None:
@@ -489,6 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seeds for the ablations and treepo (default: --seeds)")
     ap.add_argument("--out-dir", default="runs/bench_train_compare")
     ap.add_argument("--out", type=Path, default=Path("bench/results/train_compare.json"))
+    ap.add_argument("--earlier", type=Path, default=None, metavar="RESULTS",
+                    help="also table the runs of an earlier results file (from its own per-run series) for every "
+                         "requested method this run has no record of; each is listed in reused_records with that "
+                         "file's commit")
     ap.add_argument("--retable", type=Path, default=None, metavar="RESULTS",
                     help="run nothing: recompute a results file's table from its own per-run series and rewrite it")
     return ap
@@ -550,6 +657,7 @@ def make_runs(args: argparse.Namespace, variants: list[str], commit: str | None,
     start: dict | None = None  # the pool success at step 0: the same policy and seeds for every run
     for v, seed in requested_runs(args, variants, commit, testbed_hash):
         run, made_at = run_or_reuse(v, seed, args, engine, start, commit, testbed_hash)
+        run = {**run, "allocation_shift": allocation_shift(Path(args.out_dir) / f"{v}-seed{seed}")}
         runs.append(run)
         if made_at is not None:
             reused[f"{v}-seed{seed}"] = made_at
@@ -557,6 +665,33 @@ def make_runs(args: argparse.Namespace, variants: list[str], commit: str | None,
         print_run(v, seed, run, made_at)
     engine.close()
     return runs, reused
+
+
+def earlier_runs(path: Path) -> tuple[list[dict], str]:
+    """The runs of an earlier results file, read from its own per-run series (as ``--retable``
+    reads them), and the commit it was tabled at."""
+    data = json.loads(path.read_text())
+    old_rows = {r["method"]: r for r in data["rows"]}
+    runs = []
+    for name, series in data["series"].items():
+        variant, seed = name.rsplit("/seed", 1)
+        runs.append({"variant": variant, "seed": int(seed), "series": series, "pool_success": series["pool_success"],
+                     "warmup_rollouts": series.get("warmup_rollouts", old_rows[variant]["warmup_rollouts"]),
+                     "allocation_shift": series.get("allocation_shift"), "wall_s": float("nan")})
+    return runs, str(data.get("commit"))
+
+
+def with_earlier(runs: list[dict], reused: dict[str, str], variants: list[str], path: Path
+                 ) -> tuple[list[dict], dict[str, str]]:
+    """``runs`` and, beside them, every run of the earlier results file at ``path`` of a requested
+    variant that no run here replaces (same variant and seed), each named in ``reused`` with that
+    file's commit: a method rerun now replaces all of its earlier rows' seeds it ran."""
+    old, commit = earlier_runs(path)
+    have = {(r["variant"], r["seed"]) for r in runs}
+    rerun = {r["variant"] for r in runs}
+    added = [r for r in old if r["variant"] in variants and r["variant"] not in rerun and (r["variant"], r["seed"])
+             not in have]
+    return runs + added, {**reused, **{f"{r['variant']}-seed{r['seed']}": f"{commit} ({path.name})" for r in added}}
 
 
 def _interval(ci: list[float] | None, digits: int = 3) -> str | None:
@@ -577,6 +712,10 @@ def print_comparison(rows: list[dict], targets: dict[str, str], pool_k: int) -> 
         print("  mixed groups per rollout second: no run here recorded its rollout wall time (budget/rollout_wall_s)")
     for name, verdict in targets.items():
         print(f"  {name}: {verdict}")
+    shifted = [{"method": r["method"], **r["allocation_shift"]} for r in rows if r.get("allocation_shift")]
+    if shifted:
+        print("\nWhere the trajectories and tokens went (from the runs' trees; cost errors: mean relative, per step)")
+        print_table(shifted, ["method", *SHIFT_KEYS])
     print()
     print(markdown_table(rows, pool_k))
 
@@ -625,11 +764,12 @@ def write_results(args: argparse.Namespace, commit: str | None, reused: dict[str
         "reused_records": reused,
         "testbed": {"hash": testbed["hash"], "identity": testbed["identity"], "spread": testbed.get("spread")},
         "budget": {"M": args.roots_M, "N": args.expansion_N, "G": 8, "steps": args.steps, "seeds": args.seeds,
-                   "pool_k": args.pool_k},
+                   "pool_k": args.pool_k, "tokens_per_step": args.tokens_per_step},
         "rows": rows, "pool_success_measurement": pool, "targets": targets,
         "pool_size": len(testbed["pool"]), "provenance": EQUIVALENCE,
         "series": {f"{r['variant']}/seed{r['seed']}": {**r["series"], "pool_success": r["pool_success"],
-                                                       "warmup_rollouts": r["warmup_rollouts"]}
+                                                       "warmup_rollouts": r["warmup_rollouts"],
+                                                       "allocation_shift": r.get("allocation_shift")}
                    for r in runs}, "wall_s": wall}, indent=1, default=float))
 
 
@@ -649,9 +789,11 @@ def main() -> None:
     if args.runs_only:
         print(f"{len(runs)} run records in {args.out_dir} ({time.perf_counter() - t0:.0f} s)")
         return
+    if args.earlier is not None:
+        runs, reused = with_earlier(runs, reused, variants, args.earlier)
     variants = [v for v in variants if any(r["variant"] == v for r in runs)]
     rows, pool = summarise(runs, variants, args.pool_k, len(testbed["pool"]))
-    targets = judge(rows, pool, runs)
+    targets = judge_tokens(rows, runs) if args.tokens_per_step is not None else judge(rows, pool, runs)
     print_comparison(rows, targets, args.pool_k)
     write_results(args, commit, reused, testbed, rows, pool, targets, runs, time.perf_counter() - t0)
     plot(runs, variants, args.out.with_suffix(".png"))
