@@ -16,7 +16,7 @@ export DVC_NO_ANALYTICS := 1
 export MPLBACKEND := Agg
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test venv data lint system-deps ui faults bench-allocation bench-contrast clean-venv lock help
+.PHONY: run test venv data lint system-deps ui faults bench-allocation bench-contrast clean-venv lock specs help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -80,6 +80,9 @@ bench-allocation: $(STAMP)  ## allocators vs the DP / brute force
 
 bench-contrast: $(STAMP)  ## effective ratios of every method on the simulator
 	$(BIN)/python -m bench.contrast
+
+specs: $(STAMP)  ## recompile the components into components/specs/ (the DAG is built from them; a test checks they are current)
+	$(BIN)/python -m components.specs
 
 lock: $(STAMP)  ## resolve requirements/base.in (beside $(TORCH)) into requirements/lock.txt; installs nothing
 	$(BIN)/python requirements/lock.py --torch $(TORCH)

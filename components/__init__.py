@@ -16,6 +16,10 @@ Every component takes ``workspace`` and ``reuse``: finished results are kept und
 ``<workspace>/<stage>/<fingerprint>/`` (:class:`pipelines.lineage.StageCache`) and a rerun with
 unchanged inputs and settings copies them instead of recomputing (``kfp.local`` has no cache).
 
+The DAG never imports these functions: it loads their compiled specs from ``components/specs/``
+(``python -m components.specs`` writes them; a test checks they match), so ``pipelines`` does not
+depend on this package.
+
 Importing this package needs the repository root on ``sys.path`` (``infra/`` is a namespace
 package there), as every entry point has it: ``python -m pipelines`` and ``python -m pytest``
 run from the root.

@@ -9,10 +9,15 @@ Pipeline parameters are the sections of :class:`~pipelines.config.PipelineConfig
 target; their defaults are the configuration the pipeline was built from, and a run can override
 any of them. Kubernetes placement (images, GPUs, node selectors, tolerations, volumes, secrets) is
 applied at build time from ``platform`` (:mod:`pipelines.platform`); ``kfp.local`` ignores it.
+
+The steps are the components' compiled specs (``components/specs/``, :func:`load_component`), not
+their Python functions: the components import ``pipelines.steps``, and nothing here imports a
+component, so the dependency runs one way.
 """
 
 # No `from __future__ import annotations`: KFP reads the pipeline function's annotations as types.
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kfp import dsl
@@ -20,6 +25,7 @@ from kfp import dsl
 from pipelines.config import PipelineConfig, section_json
 
 PIPELINE_NAME = "trace-rl"
+SPECS = Path(__file__).resolve().parents[1] / "components" / "specs"  # the compiled components (data, not code)
 
 
 def build_pipeline(cfg: PipelineConfig, platform: bool = True, parallelism: int = 0) -> Callable[..., Any]:
@@ -27,15 +33,11 @@ def build_pipeline(cfg: PipelineConfig, platform: bool = True, parallelism: int 
 
     ``platform``: apply ``cfg.platform``'s Kubernetes settings (for compile/submit/schedule).
     ``parallelism``: methods trained at once (0: all; the local runner uses 1)."""
-    from components.build_retriever_index import build_retriever_index
-    from components.compare import compare
-    from components.evaluate import evaluate
-    from components.prepare_data import prepare_data
-    from components.profile import profile
-    from components.register import register
-    from components.train import train
-    from components.warm_start import warm_start
     from pipelines import platform as placement
+
+    prepare_data, build_retriever_index, warm_start, train, evaluate, profile, register, compare = (
+        load_component(name) for name in ("prepare_data", "build_retriever_index", "warm_start", "train", "evaluate",
+                                          "profile", "register", "compare"))
 
     plat = cfg.platform
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
@@ -103,6 +105,18 @@ def build_pipeline(cfg: PipelineConfig, platform: bool = True, parallelism: int 
         return compared.outputs["Output"]
 
     return trace_rl
+
+
+def load_component(name: str) -> Any:
+    """Component ``name`` from its compiled spec, ``components/specs/<name>.yaml`` (written by
+    ``python -m components.specs`` from the component function, and checked against it by a
+    test): the DAG reads the components as KFP does, so this package never imports them."""
+    from kfp import components
+
+    path = SPECS / f"{name}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no compiled spec for component {name!r} at {path}: run `python -m components.specs`")
+    return components.load_component_from_file(str(path))
 
 
 def _agent_json(cfg: PipelineConfig) -> str:

@@ -586,8 +586,9 @@ def test_the_dvc_stages_call_the_steps_and_reach_neither_kubeflow_nor_a_componen
 
 
 def test_the_imports_between_pipelines_and_components_run_one_way() -> None:
-    """The components call the steps, and only the DAG, which composes the components, imports them:
-    no component reaches the DAG (or anything that imports a component) through what it imports."""
+    """The components call the steps, and no module of ``pipelines`` imports a component, not even
+    inside a function: the DAG composes them from their compiled specs. Every component reaches
+    a step."""
     import ast
 
     from pipelines.lineage import import_closure
@@ -608,10 +609,26 @@ def test_the_imports_between_pipelines_and_components_run_one_way() -> None:
         for path in (root / "pipelines").rglob("*.py")
         if any(n == "components" or n.startswith("components.") for n in direct_imports(path))
     )
-    assert importers == ["pipelines.dag"]
-    for path in sorted((root / "components").glob("*.py")):
-        name = f"components.{path.stem}" if path.stem != "__init__" else "components"
-        closure = import_closure(name, roots=("pipelines", "components", "trace_core"))
-        reached = sorted(m for m in closure if m.startswith("pipelines"))
-        assert not set(reached) & set(importers), (name, reached)  # no way back: no cycle
-        assert any(m.startswith("pipelines.steps.") for m in reached) or name == "components", name
+    assert importers == []
+    from components.specs import NAMES
+
+    for name in NAMES:
+        closure = import_closure(f"components.{name}", roots=("pipelines", "components", "trace_core"))
+        assert any(m.startswith("pipelines.steps.") for m in closure), name
+
+
+def test_the_compiled_component_specs_are_the_components_compiled() -> None:
+    """The DAG is built from ``components/specs/``: one file per component, each the component
+    compiled now (a change to a component that is not recompiled fails here)."""
+    from components.specs import NAMES, SPECS, stale
+
+    assert sorted(p.stem for p in SPECS.glob("*.yaml")) == sorted(NAMES)
+    assert stale() == [], "components/specs is stale: run `python -m components.specs`"
+
+
+def test_a_component_without_its_compiled_spec_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pipelines import dag
+
+    monkeypatch.setattr(dag, "SPECS", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"component 'train'.*python -m components.specs"):
+        dag.load_component("train")
