@@ -422,7 +422,8 @@ def test_a_second_trainer_after_the_first_checkpoint_is_refused(contested_run) -
     ("method=grpo", ["method = 'trace' in the checkpoint, 'grpo' here"]),
     ("seed=1", ["seed = 0 in the checkpoint, 1 here"]),
     ("budget.roots_M=4", ["budget.roots_M = 8 in the checkpoint, 4 here"]),
-], ids=["method", "seed", "budget"])
+    ("costs.initial_tokens=100", ["costs.initial_tokens = 512.0 in the checkpoint, 100"]),
+], ids=["method", "seed", "budget", "costs"])
 def test_another_configuration_on_a_finished_folder_is_refused(contested_run, tiny_models, override, words) -> None:
     r = contested_run
     assert r["first_code"] == 0

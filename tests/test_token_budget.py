@@ -440,3 +440,17 @@ def test_the_ledger_learns_from_a_step_and_reports_its_estimates_error() -> None
     assert TokenLedger.from_dict(after.cost_model, after.to_dict()) == after
     _, no_rollout = ledger.after_step(tree_step_costs([], ledger, {}))
     assert all(np.isnan(no_rollout[k]) for k in COST_FIGURES)
+
+
+def test_rollouts_before_step_zero_set_the_price_of_every_unseen_prompt() -> None:
+    """The predictor warm-up's bare rollouts seed the ledger: an unseen pool prompt is then priced
+    at their mean, not at the first guess, and the figures compare that guess with them."""
+    from trace_core.costs import CostModel, expected_root_tokens
+    from trace_core.token_budget import TokenLedger, ledger_after_rollouts
+
+    ledger = TokenLedger(CostModel(initial_tokens=500.0, initial_turns=3.0))
+    seeded, figures = ledger_after_rollouts(ledger, [_hand_tree()])  # bare rollouts of 60 and 15 tokens
+    assert expected_root_tokens(seeded.costs, seeded.cost_model, ["pool-prompt"]).tolist() == [37.5]
+    assert expected_root_tokens(ledger.costs, ledger.cost_model, ["pool-prompt"]).tolist() == [500.0]
+    assert figures["tokens/root_cost_expected"] == 500.0 and figures["tokens/root_cost_realised"] == 37.5
+    assert seeded.costs.step == ledger.costs.step + 1  # one step of the ledger, before the run's first

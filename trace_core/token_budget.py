@@ -49,7 +49,15 @@ from trace_core.allocation import (
     root_unit_gains,
     root_value,
 )
-from trace_core.costs import CostModel, CostState, cost_error, observe, observe_continuations, remaining_tokens
+from trace_core.costs import (
+    CostModel,
+    CostState,
+    cost_error,
+    expected_root_tokens,
+    observe,
+    observe_continuations,
+    remaining_tokens,
+)
 from trace_core.metrics import SUCCESS_THRESHOLD
 from trace_core.tree import ROOT, RolloutTree
 
@@ -712,3 +720,16 @@ def tree_step_costs(
         cont_root_estimate=c_root_arr, cont_estimate=cont_estimate,
         prefix_predicted=predicted, prefix_realised=realised,
     )
+
+
+def ledger_after_rollouts(ledger: TokenLedger, trees: Sequence[RolloutTree]) -> tuple[TokenLedger, dict[str, float]]:
+    """The ledger after rollouts of the same policy made outside a training step — the predictor
+    warm-up's bare rollouts, before step 0 — and its cost figures against them. Without them a
+    run's first token-priced step plans at ``initial_tokens``, a guess that may be several times
+    the policy's real length (the step then buys far fewer rollouts than the budget allows); with
+    them it plans at the policy's measured mean. They count as one step of the ledger, priced at
+    its estimates before them; their prompts are not the training pool's, so only the policy's
+    mean (the fallback for every unseen prompt) carries over to the pool."""
+    ids = [t.prompt_id for t in trees]
+    estimate = expected_root_tokens(ledger.costs, ledger.cost_model, ids)
+    return ledger.after_step(tree_step_costs(trees, ledger, dict(zip(ids, estimate.tolist(), strict=True))))

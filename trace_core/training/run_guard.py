@@ -207,13 +207,14 @@ IDENTITY_KEYS = ("method", "advantage", "seed", "agent.seed", "policy.seed", "pr
 
 def run_identity(cfg: TrainConfig) -> dict[str, Any]:
     """The fields that define a run's results, as a checkpoint keeps them: the method and its
-    advantage, every budget field, every seed, and the data (family, the training file's and the
+    advantage, every budget field and every cost-model field (a token budget is planned at its
+    estimates), every seed, and the data (family, the training file's and the
     warm-up file's SHA-256 — their content, not their path, which may move between attempts)."""
     from trace_core.config import flatten
 
     flat = flatten(cfg)
     identity = {k: flat[k] for k in IDENTITY_KEYS}
-    identity.update({k: v for k, v in flat.items() if k.startswith("budget.")})
+    identity.update({k: v for k, v in flat.items() if k.startswith(("budget.", "costs."))})
     data = train_file(cfg)
     identity["task.train_file (sha256)"] = _digest(data) if data is not None else None
     warm = cfg.predictor_warmup.task_file

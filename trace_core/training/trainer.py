@@ -44,7 +44,13 @@ from trace_core.rollout.env import Task
 from trace_core.rollout.executor import RolloutResult, TokenAllowance, TreeRolloutExecutor, expansion_of
 from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
 from trace_core.seeding import derive_seed
-from trace_core.token_budget import TokenLedger, TokenPlan, tree_step_costs, uniform_spec_for_tokens
+from trace_core.token_budget import (
+    TokenLedger,
+    TokenPlan,
+    ledger_after_rollouts,
+    tree_step_costs,
+    uniform_spec_for_tokens,
+)
 from trace_core.tracking import MLflowTracker, Tracker, end_after, tracked_run
 from trace_core.training.config import TrainConfig
 from trace_core.training.heartbeat import Heartbeat
@@ -382,6 +388,9 @@ class Trainer:
         fit = self.predictor.fit(result.trees, w.updates)
         save_trees(self.out / "warmup_trees.jsonl.gz", result.trees)
         self.state.pending_files.append(["warmup_trees.jsonl.gz", "warmup"])
+        # the same policy's real lengths: step 0 prices its rollouts at them, not at the first guess
+        self.ledger, _ = ledger_after_rollouts(self.ledger, result.trees)
+        self.state.token_ledger = self.ledger.to_dict()
         self.state.warmup = {"rollouts": float(result.stats.trajectories), "questions": float(len(tasks)),
                              "generated_tokens": float(result.stats.generated_tokens),
                              "success": float(np.mean([np.mean(is_success(t.outcomes())) for t in result.trees])),
