@@ -184,11 +184,14 @@ def env_factory(family: str, data_dir: str | Path, qa_index: str | Path):
     return make_env_factory(family, index_dir=qa_index)
 
 
-def ensure_qa_index(data_dir: str | Path, index_dir: str | Path) -> Path:
-    """The QA retriever index at ``index_dir``, built from ``data_dir/qa/corpus.jsonl`` if missing."""
+def family_index(family: str, data_dir: str | Path, index_dir: str | Path) -> Path | None:
+    """The retriever index of ``family`` at ``index_dir`` when the task-family registry says it needs
+    one (built from the family's ``index_corpus`` under ``data_dir`` if missing); None otherwise."""
+    from trace_core.envs.families import get_family
     from trace_core.retrieval import ensure_index
 
-    return ensure_index(index_dir, Path(data_dir) / "qa" / "corpus.jsonl", quiet=False)
+    corpus = get_family(family).index_corpus
+    return None if corpus is None else ensure_index(index_dir, Path(data_dir) / corpus, quiet=False)
 
 
 def build_testbed(config: WarmStartConfig, out: Path) -> list[Script]:
@@ -210,7 +213,7 @@ def build_testbed(config: WarmStartConfig, out: Path) -> list[Script]:
     write_split(rows, testbed.warmup, out / "warmup.jsonl")
     (out / "testbed.json").write_text(json.dumps({**testbed.to_json(), "warm_start_code": warm_start_code_digest()},
                                                  indent=1) + "\n")
-    index = ensure_qa_index(data, config.qa_index or out / "qa_index")
+    index = family_index("qa", data, config.qa_index or out / "qa_index")  # the testbed is a QA pool
     tasks = load_tasks(out / "pool.jsonl", None) + load_tasks(out / "warmup.jsonl", None)
     scripts = testbed_scripts(testbed, tasks, make_expert("qa", data), env_factory("qa", data, index))
     print(f"testbed {testbed.hash}: {len(testbed.pool)} pool + {len(testbed.warmup)} warm-up questions, "
@@ -233,7 +236,7 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
             continue
         factory = None
         if config.real_observations:
-            index = ensure_qa_index(data, config.qa_index or out / "qa_index") if family == "qa" else None
+            index = family_index(family, data, config.qa_index or out / "qa_index")
             factory = env_factory(family, data, index)
         scripts[family] = build_scripts(make_expert(family, data), training_tasks(config, family), config.demos,
                                         factory)
@@ -303,9 +306,7 @@ def evaluate_families(config: WarmStartConfig, policy_dir: str | Path) -> list[E
     data = Path(config.data_dir)
     results = []
     for family in config.families:
-        index = None
-        if family == "qa":
-            index = ensure_qa_index(data, config.qa_index or Path(config.out_dir) / "qa_index")
+        index = family_index(family, data, config.qa_index or Path(config.out_dir) / "qa_index")
         if config.eval_split == "train" and family == "qa" and config.testbed is not None:
             tasks = load_tasks(Path(config.out_dir) / "pool.jsonl", config.eval_tasks)
         elif config.eval_split == "train":
