@@ -40,8 +40,6 @@ every row shows its tokens a step. That table judges its own targets (fixed befo
 trace-tokens' mixed groups per 1,000 tokens >= 1.2x TRACE's and >= 3x GRPO's; its effective ratio
 and its mixed groups per rollout above PCL's. Each row also says where its trajectories and
 tokens went (continuations' share, the anchors' depth) and its cost estimates' error.
-``--earlier RESULTS`` tables an earlier results file's runs (from its own series) beside the new
-ones for every method not rerun.
 
 Targets (fixed before any run): TRACE's effective ratio >= 1.8x GRPO's; contrastive yield >=
 1.5x GRPO's; on effective ratio trace > each single ablation > treepo; TRACE reaches GRPO's final
@@ -275,8 +273,8 @@ def allocation_shift(folder: Path) -> dict[str, float] | None:
     estimates' mean relative error per step, read from its last checkpoint's history (method §10's
     ``tokens/*_cost_error``; NaN where the method estimates no cost): the continuations' share of
     the trajectories and of the generated tokens, and the mean depth (turns before the branch) of
-    the anchors they branch from. None when the folder holds no trees (a run reused from an
-    earlier results file)."""
+    the anchors they branch from. None when the folder holds no trees (a run folder since
+    removed: a results file keeps what was read while it was there)."""
     from trace_core.tree import load_trees
 
     files = sorted((folder / "trees").glob("step*.jsonl.gz"))
@@ -592,10 +590,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seeds for the ablations and treepo (default: --seeds)")
     ap.add_argument("--out-dir", default="runs/bench_train_compare")
     ap.add_argument("--out", type=Path, default=Path("bench/results/train_compare.json"))
-    ap.add_argument("--earlier", type=Path, default=None, metavar="RESULTS",
-                    help="also table the runs of an earlier results file (from its own per-run series) for every "
-                         "requested method this run has no record of; each is listed in reused_records with that "
-                         "file's commit")
     ap.add_argument("--retable", type=Path, default=None, metavar="RESULTS",
                     help="run nothing: recompute a results file's table from its own per-run series and rewrite it")
     return ap
@@ -665,33 +659,6 @@ def make_runs(args: argparse.Namespace, variants: list[str], commit: str | None,
         print_run(v, seed, run, made_at)
     engine.close()
     return runs, reused
-
-
-def earlier_runs(path: Path) -> tuple[list[dict], str]:
-    """The runs of an earlier results file, read from its own per-run series (as ``--retable``
-    reads them), and the commit it was tabled at."""
-    data = json.loads(path.read_text())
-    old_rows = {r["method"]: r for r in data["rows"]}
-    runs = []
-    for name, series in data["series"].items():
-        variant, seed = name.rsplit("/seed", 1)
-        runs.append({"variant": variant, "seed": int(seed), "series": series, "pool_success": series["pool_success"],
-                     "warmup_rollouts": series.get("warmup_rollouts", old_rows[variant]["warmup_rollouts"]),
-                     "allocation_shift": series.get("allocation_shift"), "wall_s": float("nan")})
-    return runs, str(data.get("commit"))
-
-
-def with_earlier(runs: list[dict], reused: dict[str, str], variants: list[str], path: Path
-                 ) -> tuple[list[dict], dict[str, str]]:
-    """``runs`` and, beside them, every run of the earlier results file at ``path`` of a requested
-    variant that no run here replaces (same variant and seed), each named in ``reused`` with that
-    file's commit: a method rerun now replaces all of its earlier rows' seeds it ran."""
-    old, commit = earlier_runs(path)
-    have = {(r["variant"], r["seed"]) for r in runs}
-    rerun = {r["variant"] for r in runs}
-    added = [r for r in old if r["variant"] in variants and r["variant"] not in rerun and (r["variant"], r["seed"])
-             not in have]
-    return runs + added, {**reused, **{f"{r['variant']}-seed{r['seed']}": f"{commit} ({path.name})" for r in added}}
 
 
 def _interval(ci: list[float] | None, digits: int = 3) -> str | None:
@@ -789,8 +756,6 @@ def main() -> None:
     if args.runs_only:
         print(f"{len(runs)} run records in {args.out_dir} ({time.perf_counter() - t0:.0f} s)")
         return
-    if args.earlier is not None:
-        runs, reused = with_earlier(runs, reused, variants, args.earlier)
     variants = [v for v in variants if any(r["variant"] == v for r in runs)]
     rows, pool = summarise(runs, variants, args.pool_k, len(testbed["pool"]))
     targets = judge_tokens(rows, runs) if args.tokens_per_step is not None else judge(rows, pool, runs)

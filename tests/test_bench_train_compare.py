@@ -1,6 +1,6 @@
 """The testbed comparison's equal-token parts against hand computation: which runs get the token
-budget, the equal-token targets, where a run's trajectories and tokens went (read from trees
-written by the trainer's own writer), and an earlier results file's runs tabled beside new ones."""
+budget, the equal-token targets, and where a run's trajectories and tokens went (read from
+trees written by the trainer's own writer)."""
 
 from __future__ import annotations
 
@@ -82,17 +82,3 @@ def test_where_the_trajectories_and_tokens_went_is_read_from_the_trees(tmp_path:
     assert shift["anchor_cost_error"] == pytest.approx(0.3)  # NaN steps (no anchors) left out
     assert tc.allocation_shift(tmp_path / "elsewhere") is None
 
-
-def test_an_earlier_file_fills_only_the_methods_not_rerun(tmp_path: Path) -> None:
-    earlier = {"commit": "abc", "rows": [{"method": m, "warmup_rollouts": 0.0} for m in ("grpo", "greso", "pcl")],
-               "series": {}}
-    for name in ("grpo/seed0", "grpo/seed1", "greso/seed0", "greso/seed1", "pcl/seed0"):
-        run = _run(name.split("/")[0], int(name[-1]), mixed=[1], activated=[2], rollouts=[8], tokens=[80])
-        earlier["series"][name] = {**run["series"], "pool_success": run["pool_success"]}
-    path = tmp_path / "earlier.json"
-    path.write_text(json.dumps(earlier))
-    new = [_run("greso", 0, mixed=[2], activated=[2], rollouts=[8], tokens=[80])]
-    runs, reused = tc.with_earlier(new, {}, ["grpo", "greso"], path)
-    # greso was rerun: none of its earlier seeds stay (they ran other rules); pcl was not requested
-    assert sorted((r["variant"], r["seed"]) for r in runs) == [("greso", 0), ("grpo", 0), ("grpo", 1)]
-    assert reused == {"grpo-seed0": "abc (earlier.json)", "grpo-seed1": "abc (earlier.json)"}
