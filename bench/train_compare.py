@@ -256,6 +256,8 @@ def run_or_reuse(variant: str, seed: int, args, engine: SharedEngine, start_reco
     folder.mkdir(parents=True, exist_ok=True)
     (folder / STARTED).write_text(json.dumps({"commit": commit, "settings": settings}, indent=1))
     run = run_one(variant, seed, args, engine.get(), start_record)
+    # kept in the record too, so a record copied without its trees (committed, say) still tables it
+    run["allocation_shift"] = allocation_shift(folder)
     record = json.dumps({"commit": commit, "dirty": tree_is_dirty(), "settings": settings, "run": run}, indent=1,
                         default=float)
     (folder / f".{RECORD}.tmp").write_text(record)
@@ -651,7 +653,8 @@ def make_runs(args: argparse.Namespace, variants: list[str], commit: str | None,
     start: dict | None = None  # the pool success at step 0: the same policy and seeds for every run
     for v, seed in requested_runs(args, variants, commit, testbed_hash):
         run, made_at = run_or_reuse(v, seed, args, engine, start, commit, testbed_hash)
-        run = {**run, "allocation_shift": allocation_shift(Path(args.out_dir) / f"{v}-seed{seed}")}
+        shift = allocation_shift(Path(args.out_dir) / f"{v}-seed{seed}") or run.get("allocation_shift")
+        run = {**run, "allocation_shift": shift}
         runs.append(run)
         if made_at is not None:
             reused[f"{v}-seed{seed}"] = made_at

@@ -237,7 +237,9 @@ def _component_functions() -> list[tuple[Path, ast.FunctionDef]]:
 def test_every_component_body_is_a_thin_call() -> None:
     """A component unpacks its artifacts and calls its step; the work lives in pipelines/ and trace_core/."""
     functions = _component_functions()
-    assert {p.stem for p, _ in functions} == {p.stem for p in (REPO / "components").glob("*.py")} - {"__init__"}
+    # specs.py compiles the components' specs: a tool beside them, not a component
+    modules = {p.stem for p in (REPO / "components").glob("*.py")} - {"__init__", "specs"}
+    assert {p.stem for p, _ in functions} == modules
     for path, fn in functions:
         lines = fn.end_lineno - fn.body[0].lineno + 1
         assert lines <= 40, f"{path.name}: {fn.name}'s body is {lines} lines"
