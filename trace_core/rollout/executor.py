@@ -399,11 +399,8 @@ class TreeGrowth:
                 self._event("prompt_done", state)
             return
         tree = state.tree
-        anchors = tree.anchors()
         assert expansion is not None  # a prefix budget exists only with an expansion
-        p = self._score(tree, anchors, expansion)
-        r = is_success([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors]).astype(np.float64)
-        turn = np.array([tree.nodes[a].depth for a in anchors], dtype=np.int64)
+        anchors, p, r, turn = self._anchors(tree, expansion)
         placement = expansion.method.place_prefixes(p, r, budget, turn, self._rng)
         if placement.extra_roots:  # method §3: the root is the depth-0 anchor of an anchorless prompt
             self._k_by_anchor[state.task.id] = {ROOT: placement.extra_roots}
@@ -424,10 +421,7 @@ class TreeGrowth:
         state = self._prompts[pi]
         tree, tokens, i = state.tree, expansion.tokens, state.index
         assert tokens is not None and expansion.method.token_rule is not None
-        anchors = tree.anchors()
-        p = self._score(tree, anchors, expansion)
-        r = is_success([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors]).astype(np.float64)
-        turn = np.array([tree.nodes[a].depth for a in anchors], dtype=np.int64)
+        anchors, p, r, turn = self._anchors(tree, expansion)
         root_cost = float(tokens.root_cost[i])
         ledger = tokens.ledger
         anchor_cost = np.zeros(0)
@@ -455,6 +449,17 @@ class TreeGrowth:
         if state.open_trajs == 0 and not state.done:  # nothing to spend on: the prompt is complete
             state.done = True
             self._event("prompt_done", state)
+
+    def _anchors(self, tree: RolloutTree, expansion: Expansion
+                 ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+        """What both expansion rules read of a prompt's finished bare rollouts: its anchors, the
+        scorer's predictions there, each anchor's own rollout's outcome (1.0 success) and its depth
+        (turns before the anchor)."""
+        anchors = tree.anchors()
+        p = self._score(tree, anchors, expansion)
+        r = is_success([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors]).astype(np.float64)
+        turn = np.array([tree.nodes[a].depth for a in anchors], dtype=np.int64)
+        return anchors, p, r, turn
 
     def _score(self, tree: RolloutTree, anchors: list[int], expansion: Expansion) -> np.ndarray:
         """The anchor scorer's predictions at ``anchors`` (timed as scoring)."""
