@@ -21,7 +21,9 @@ follows with prefix caching) and per second of rollout wall time (the rollout ph
 generation, tool steps and prefix scoring): mixed groups trained on, with 90% Poisson score
 intervals (``trace_core.metrics.rate_interval``), and the contrastive yield per 1,000 tokens
 (rollouts with a nonzero own-node advantage; no interval, they carry a signal together, group by
-group). All are pooled as sums over steps and seeds. The per-second figure needs each step's
+group), and, where the runs recorded their anchors, the groups method §10's token rule counts:
+mixed prompt groups plus expanded anchors whose branch group holds both outcomes (with the same
+interval). All are pooled as sums over steps and seeds. The per-second figure needs each step's
 ``budget/rollout_wall_s``, which runs record from this version on; a results file whose series
 lack it shows "–" there, nothing reconstructed from other timings.
 
@@ -85,10 +87,11 @@ ROW_KEYS = ("effective_ratio", "contrastive_yield", "mixed_groups_per_100_rollou
             "prefix_effective_ratio", "alloc/skipped_share", "budget/generated_tokens")
 COUNT_KEYS = ("counts/rollouts", "counts/mixed_groups", "counts/mixed_groups_trained", "counts/activated",
               "counts/dropped_groups", "counts/dropped_rollouts", "counts/contrastive_rollouts",
-              "budget/rollout_wall_s")
+              "budget/rollout_wall_s", "counts/expanded_anchors", "counts/mixed_anchors")
 TABLE = ["method", "seeds", "effective_ratio", "effective_ratio_ci90", "contrastive_yield",
          "rollouts_per_mixed_group", "mixed_groups_per_100_rollouts", "mixed_groups_per_1000_tokens",
-         "mixed_groups_per_1000_tokens_ci90", "contrastive_yield_per_1000_tokens", "mixed_groups_per_rollout_s",
+         "mixed_groups_per_1000_tokens_ci90", "contrast_groups_per_1000_tokens", "contrast_groups_per_1000_tokens_ci90",
+         "contrastive_yield_per_1000_tokens", "mixed_groups_per_rollout_s",
          "mixed_groups_per_rollout_s_ci90",
          "prefix_effective_ratio", "skipped_share", "dropped_rollouts", "pool_success_start", "pool_success_end",
          "rollouts", "warmup_rollouts"]
@@ -129,14 +132,16 @@ def token_budget(variant: str, args) -> int | None:
 def run_settings(variant: str, seed: int, args, testbed_hash: str) -> dict:
     """Everything a run's figures depend on besides the code: a record is reused only when these
     and the commit match. (Whether the run measured the shared step-0 pool success itself or was
-    handed it does not change its record.)"""
+    handed it does not change its record.) The testbed is named as given, like the data and the
+    index: what it is — its settings, data, weights and warm-start code — is ``testbed_hash``, so
+    a record is found again from another checkout of the same testbed."""
     method, informed = VARIANTS[variant]
     config = Path(args.config)
     tokens = token_budget(variant, args)
     return {"variant": variant, "method": method, "informed": informed, "seed": seed, "steps": args.steps,
             "pool_mid": args.pool_mid, "pool_k": args.pool_k, "roots_M": args.roots_M,
             "expansion_N": args.expansion_N, "group_size_G": 8, "max_m": args.max_m,
-            "testbed": str(Path(args.testbed).resolve()), "testbed_hash": testbed_hash,
+            "testbed": args.testbed, "testbed_hash": testbed_hash,
             "config": str(config),
             "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
             "data": args.data, "index": args.index,
@@ -294,11 +299,7 @@ def allocation_shift(folder: Path) -> dict[str, float] | None:
             for node in tree.nodes:
                 if node.kind in tokens:
                     tokens[node.kind] += int(sum(node.loss_mask))
-    history: dict = {}
-    pointer = folder / "checkpoints" / "latest"
-    if pointer.is_file():
-        state = folder / "checkpoints" / pointer.read_text().strip() / "trainer_state.json"
-        history = json.loads(state.read_text()).get("history") or {} if state.is_file() else {}
+    history = checkpoint_history(folder)
 
     def mean_error(kind: str) -> float:
         return _mean_finite([float(x) for x in history.get(f"tokens/{kind}_cost_error", [])])
@@ -307,6 +308,29 @@ def allocation_shift(folder: Path) -> dict[str, float] | None:
             "continuation_token_share": tokens["continuation"] / max(sum(tokens.values()), 1),
             "mean_anchor_depth": float(np.mean(depths)) if depths else float("nan"),
             "root_cost_error": mean_error("root"), "anchor_cost_error": mean_error("anchor")}
+
+
+def checkpoint_history(folder: Path) -> dict:
+    """The per-step history a run folder's last checkpoint holds (every step's logged figures);
+    empty when the folder has no checkpoint."""
+    pointer = folder / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return {}
+    state = folder / "checkpoints" / pointer.read_text().strip() / "trainer_state.json"
+    return (json.loads(state.read_text()).get("history") or {}) if state.is_file() else {}
+
+
+def complete_series(run: dict, folder: Path) -> dict:
+    """``run`` with every count its record lacks (a record made before that count was recorded)
+    taken from the same run's checkpointed history, where the folder still holds it and it has a
+    value for every step; nothing is estimated, and a count found nowhere stays absent."""
+    missing = [k for k in COUNT_KEYS if k not in run["series"]]
+    if not missing:
+        return run
+    history = checkpoint_history(folder)
+    steps = len(run["series"]["counts/rollouts"])
+    found = {k: history[k] for k in missing if len(history.get(k, [])) == steps}
+    return {**run, "series": {**run["series"], **found}} if found else run
 
 
 def pool_curve(run: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -360,11 +384,18 @@ def per_cost(runs: list[dict]) -> dict:
     from trace_core.metrics import per_exposure, rate_interval
 
     mixed = int(round(sum(_totals(r, "counts/mixed_groups_trained") for r in runs)))
+    # method §10's objective: mixed prompt groups and mixed branch groups (expanded anchors whose
+    # branch group holds both outcomes), only where every run recorded its anchors
+    branch = [r["series"].get("counts/mixed_anchors") for r in runs]
+    contrast = mixed + int(round(sum(sum(b) for b in branch))) if runs and all(b is not None for b in branch) else None
     tokens = sum(_totals(r, "budget/generated_tokens") for r in runs)
     seconds = [rollout_seconds(r) for r in runs]
     out: dict = {
         "mixed_groups_per_1000_tokens": per_exposure(mixed, tokens, 1000.0),
         "mixed_groups_per_1000_tokens_ci90": list(rate_interval(mixed, tokens, 1000.0)),
+        "contrast_groups_per_1000_tokens": None if contrast is None else per_exposure(contrast, tokens, 1000.0),
+        "contrast_groups_per_1000_tokens_ci90": None if contrast is None else list(rate_interval(contrast, tokens,
+                                                                                                1000.0)),
         "contrastive_yield_per_1000_tokens": per_exposure(round(sum(yield_count(r) for r in runs)), tokens, 1000.0),
         "mixed_groups_per_rollout_s": None, "mixed_groups_per_rollout_s_ci90": None,
     }
@@ -427,13 +458,16 @@ def summarise(runs: list[dict], variants: list[str], pool_k: int, pool_size: int
                   "measurement_se": se, "grpo_gain_measurable": (grpo_final - grpo_start) > 3 * se}
 
 
-def matched_ratio(runs: list[dict], a: str, b: str, num: str, den: str) -> tuple[float, float, list[int]]:
-    """Pooled ``num/den`` of methods ``a`` and ``b`` over the seeds both have, and those seeds."""
+def matched_ratio(runs: list[dict], a: str, b: str, num: str | tuple[str, ...], den: str
+                  ) -> tuple[float, float, list[int]]:
+    """Pooled ``num/den`` of methods ``a`` and ``b`` over the seeds both have, and those seeds
+    (``num``: a series, a tuple of series summed, or "yield")."""
     seeds = sorted({r["seed"] for r in runs if r["variant"] == a} & {r["seed"] for r in runs if r["variant"] == b})
 
     def ratio(v: str) -> float:
         mine = [r for r in runs if r["variant"] == v and r["seed"] in seeds]
-        top = sum(yield_count(r) if num == "yield" else _totals(r, num) for r in mine)
+        keys = (num,) if isinstance(num, str) else num
+        top = sum(yield_count(r) if num == "yield" else sum(_totals(r, k) for k in keys) for r in mine)
         return top / sum(_totals(r, den) for r in mine)
 
     return ratio(a), ratio(b), seeds
@@ -466,6 +500,32 @@ def judge_tokens(rows: list[dict], runs: list[dict]) -> dict[str, str]:
             mine, theirs, seeds = matched_ratio(runs, "trace-tokens", "pcl", num, den)
             out[f"trace-tokens {label} above pcl"] = (("PASS " if mine > theirs else "MISS ")
                                                       + f"{mine:.4f} vs {theirs:.4f} (seeds {seeds})")
+    out.update(per_token_signal(runs, [m for m in ("trace", "grpo", "pcl") if m in by]))
+    return out
+
+
+def _times(a: float, b: float) -> str:
+    """``a`` as a multiple of ``b`` ("–" where ``b`` is 0)."""
+    return f"{a / b:.2f}x" if b else "–"
+
+
+def per_token_signal(runs: list[dict], others: list[str]) -> dict[str, str]:
+    """Reported beside the targets, no verdict: trace-tokens against each of ``others`` per 1,000
+    generated tokens on the token rule's own scale (method §10: mixed prompt groups plus mixed
+    branch groups, where both methods' runs recorded their anchors) and in rollouts with a nonzero
+    own-node advantage (the contrastive yield), over the seeds both have."""
+    out = {}
+    contrast = ("counts/mixed_groups_trained", "counts/mixed_anchors")
+    for other in others:
+        pair = [r for r in runs if r["variant"] in ("trace-tokens", other)]
+        figures = []
+        if all("counts/mixed_anchors" in r["series"] for r in pair):
+            mine, theirs, seeds = matched_ratio(runs, "trace-tokens", other, contrast, "budget/generated_tokens")
+            figures.append(f"mixed prompt + branch groups {1000 * mine:.3f} vs {1000 * theirs:.3f} "
+                           f"({_times(mine, theirs)})")
+        mine, theirs, seeds = matched_ratio(runs, "trace-tokens", other, "yield", "budget/generated_tokens")
+        figures.append(f"yield {1000 * mine:.2f} vs {1000 * theirs:.2f} ({_times(mine, theirs)})")
+        out[f"trace-tokens vs {other} per 1k tokens (reported, no target)"] = ", ".join(figures) + f" (seeds {seeds})"
     return out
 
 
@@ -508,10 +568,9 @@ def judge(rows: list[dict], pool: dict, runs: list[dict]) -> dict[str, str]:
     return out
 
 
-def retable(path: Path) -> dict:
-    """The table of a results file recomputed from its own per-run series (nothing else read):
-    rows, pool-success measurement and targets. Returns the recomputed file."""
-    data = json.loads(path.read_text())
+def results_runs(data: dict) -> list[dict]:
+    """The runs of a results file, rebuilt from its per-run series in the shape ``make_runs``
+    returns (what :func:`summarise`, the targets and :func:`plot` read)."""
     old_rows = {r["method"]: r for r in data["rows"]}
     runs = []
     for name, series in data["series"].items():
@@ -519,6 +578,14 @@ def retable(path: Path) -> dict:
         warmup = series.get("warmup_rollouts", old_rows[variant]["warmup_rollouts"])
         runs.append({"variant": variant, "seed": int(seed), "series": series, "pool_success": series["pool_success"],
                      "warmup_rollouts": warmup, "allocation_shift": series.get("allocation_shift")})
+    return runs
+
+
+def retable(path: Path) -> dict:
+    """The table of a results file recomputed from its own per-run series (nothing else read):
+    rows, pool-success measurement and targets. Returns the recomputed file."""
+    data = json.loads(path.read_text())
+    runs = results_runs(data)
     variants = [r["method"] for r in data["rows"]]
     rows, pool = summarise(runs, variants, data["budget"]["pool_k"], data.get("pool_size", 128))
     targets = (judge_tokens(rows, runs) if data["budget"].get("tokens_per_step") is not None
@@ -593,7 +660,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out-dir", default="runs/bench_train_compare")
     ap.add_argument("--out", type=Path, default=Path("bench/results/train_compare.json"))
     ap.add_argument("--retable", type=Path, default=None, metavar="RESULTS",
-                    help="run nothing: recompute a results file's table from its own per-run series and rewrite it")
+                    help="run nothing: recompute a results file's table (and its plot) from its own per-run "
+                         "series and rewrite them")
     return ap
 
 
@@ -653,8 +721,9 @@ def make_runs(args: argparse.Namespace, variants: list[str], commit: str | None,
     start: dict | None = None  # the pool success at step 0: the same policy and seeds for every run
     for v, seed in requested_runs(args, variants, commit, testbed_hash):
         run, made_at = run_or_reuse(v, seed, args, engine, start, commit, testbed_hash)
-        shift = allocation_shift(Path(args.out_dir) / f"{v}-seed{seed}") or run.get("allocation_shift")
-        run = {**run, "allocation_shift": shift}
+        folder = Path(args.out_dir) / f"{v}-seed{seed}"
+        shift = allocation_shift(folder) or run.get("allocation_shift")
+        run = {**complete_series(run, folder), "allocation_shift": shift}
         runs.append(run)
         if made_at is not None:
             reused[f"{v}-seed{seed}"] = made_at
@@ -676,6 +745,7 @@ def print_comparison(rows: list[dict], targets: dict[str, str], pool_k: int) -> 
     timed = any(r.get("mixed_groups_per_rollout_s") is not None for r in rows)
     shown = [{**r, "seeds": len(r["seeds"]), "effective_ratio_ci90": _interval(r["effective_ratio_ci90"]),
               "mixed_groups_per_1000_tokens_ci90": _interval(r.get("mixed_groups_per_1000_tokens_ci90")),
+              "contrast_groups_per_1000_tokens_ci90": _interval(r.get("contrast_groups_per_1000_tokens_ci90")),
               "mixed_groups_per_rollout_s_ci90": _interval(r.get("mixed_groups_per_rollout_s_ci90"))} for r in rows]
     print_table(shown, [c for c in TABLE if timed or c not in PER_SECOND])
     if not timed:
@@ -701,6 +771,7 @@ def markdown_table(rows: list[dict], pool_k: int) -> str:
         return f"{value:.{digits}f}" + ("" if ci is None else " " + _interval(ci, digits))
 
     timed = any(r.get("mixed_groups_per_rollout_s") is not None for r in rows)
+    contrasted = any(r.get("contrast_groups_per_1000_tokens") is not None for r in rows)
     shown = []
     for r in rows:
         row = {
@@ -713,6 +784,9 @@ def markdown_table(rows: list[dict], pool_k: int) -> str:
                                                  r.get("mixed_groups_per_1000_tokens_ci90"), 2),
             "yield /1k tokens": r.get("contrastive_yield_per_1000_tokens"),
         }
+        if contrasted:
+            row["mixed + branch /1k tokens [90% CI]"] = with_ci(r.get("contrast_groups_per_1000_tokens"),
+                                                                r.get("contrast_groups_per_1000_tokens_ci90"), 2)
         if timed:
             row["mixed / rollout s [90% CI]"] = with_ci(r["mixed_groups_per_rollout_s"],
                                                         r["mixed_groups_per_rollout_s_ci90"], 3)
@@ -749,7 +823,8 @@ def main() -> None:
         data = retable(args.retable)
         print_comparison(data["rows"], data["targets"], data["budget"]["pool_k"])
         args.retable.write_text(json.dumps(data, indent=1, default=float))
-        print(f"recomputed {args.retable} from its own series")
+        plot(results_runs(data), [r["method"] for r in data["rows"]], args.retable.with_suffix(".png"))
+        print(f"recomputed {args.retable} and {args.retable.with_suffix('.png')} from its own series")
         return
     testbed = load_testbed(args.testbed)
     t0 = time.perf_counter()

@@ -37,10 +37,13 @@ def _same(a, b, path="") -> None:
         assert a == b, f"{path}: {a!r} vs {b!r}"
 
 
-def test_the_committed_train_compare_table_is_recomputed_from_its_own_series() -> None:
+@pytest.mark.parametrize("name", ["train_compare.json", "train_compare_tokens.json"])
+def test_the_committed_train_compare_tables_are_recomputed_from_their_own_series(name: str) -> None:
+    """Both committed tables (at M(1+N) trajectories, and at an equal budget of generated tokens
+    with its own targets) are what their per-run series give."""
     from bench import train_compare
 
-    path = ROOT / "bench" / "results" / "train_compare.json"
+    path = ROOT / "bench" / "results" / name
     committed = json.loads(path.read_text())
     again = json.loads(json.dumps(train_compare.retable(path), default=float))
     _same(again["rows"], committed["rows"], "rows")
