@@ -346,6 +346,10 @@ def print_table(table: dict) -> None:
           f"({in_se(g['gain'], g['se']):.2f} SE)")
     for name, verdict in table["targets"].items():
         print(f"  {name}: {verdict}")
+    for pair, d in (table.get("differences_at_equal_tokens") or {}).items():
+        if d is not None:
+            print(f"  {pair} at {d['at_tokens']:,.0f} generated tokens: {d['difference']:+.4f} "
+                  f"({in_se(d['difference'], d['se']):.2f} SE), area {d['area_difference']:+.4f} (seeds {d['seeds']})")
 
 
 def plot(runs: list[dict], start: dict, path: Path) -> None:

@@ -158,16 +158,17 @@ def heldout_row(runs: Mapping[int, Mapping[str, Any]], start: Mapping[str, Any] 
 
 
 def pool_row(runs: Mapping[int, Mapping[str, Any]], start: Mapping[str, Any], at_rollouts: float,
-             grpo_final: float | None, area_upto: float) -> dict[str, Any]:
+             grpo_final: float | None, area_upto: float, axis: str = "rollouts") -> dict[str, Any]:
     """Pool-success figures of a method: final (at its last step and at ``at_rollouts``, the
-    equal-rollouts point) with standard errors, the area under the curve up to ``area_upto``,
-    and the cost to reach GRPO's final pool success (per seed; None where a seed never does)."""
+    equal-cost point on ``axis`` — training rollouts, or generated tokens) with standard errors,
+    the area under the curve up to ``area_upto`` on the same axis, and the cost to reach GRPO's
+    final pool success (per seed; None where a seed never does)."""
     seeds = sorted(runs)
     mvar = [measurement_variance(runs[s]["pool"][-1]) for s in seeds]
     final, final_se = mean_se([pool_success(runs[s]["pool"][-1]) for s in seeds], mvar)
-    equal = [value_at(*curve(runs[s], start, "rollouts"), at_rollouts) for s in seeds]
+    equal = [value_at(*curve(runs[s], start, axis), at_rollouts) for s in seeds]
     eq_mean, eq_se = mean_se(equal, mvar) if all(math.isfinite(e) for e in equal) else (float("nan"), float("nan"))
-    areas = [area_under(*curve(runs[s], start, "rollouts"), area_upto) for s in seeds]
+    areas = [area_under(*curve(runs[s], start, axis), area_upto) for s in seeds]
     area, area_se = mean_se(areas, mvar)
     row: dict[str, Any] = {
         "final": final, "final_se": final_se, "final_per_seed": [pool_success(runs[s]["pool"][-1]) for s in seeds],
@@ -188,21 +189,26 @@ def matched(a: Mapping[int, Any], b: Mapping[int, Any]) -> list[int]:
     return sorted(set(a) & set(b))
 
 
+# the per-step record each cost axis sums
+SPENT = {"rollouts": "rollouts", "tokens": "generated_tokens"}
+
+
 def difference(a: Mapping[int, Mapping[str, Any]], b: Mapping[int, Mapping[str, Any]], start: Mapping[str, Any],
-               at_rollouts: float) -> dict[str, Any] | None:
-    """a − b in pool success at equal rollouts over the seeds both have, with its standard error
-    (each side's, in quadrature), and in the area under the curve over the same range. The point
-    is ``at_rollouts``, or, where a matched run spent fewer training rollouts, the most every
-    matched run of both spent (a method whose rounds sample less than the budget is compared
-    where both curves exist, not extrapolated). None without a matched seed."""
+               at_rollouts: float, axis: str = "rollouts") -> dict[str, Any] | None:
+    """a − b in pool success at equal cost on ``axis`` (training rollouts, or generated tokens)
+    over the seeds both have, with its standard error (each side's, in quadrature), and in the
+    area under the curve over the same range. The point is ``at_rollouts``, or, where a matched
+    run spent less, the most every matched run of both spent (a method whose rounds sample less
+    than the budget is compared where both curves exist, not extrapolated); it is returned as
+    ``at_<axis>``. None without a matched seed."""
     seeds = matched(a, b)
     if not seeds:
         return None
-    at = min([at_rollouts, *(float(sum(runs[s]["steps"]["rollouts"])) for runs in (a, b) for s in seeds)])
-    rows = [pool_row({s: runs[s] for s in seeds}, start, at, None, at) for runs in (a, b)]
+    at = min([at_rollouts, *(float(sum(runs[s]["steps"][SPENT[axis]])) for runs in (a, b) for s in seeds)])
+    rows = [pool_row({s: runs[s] for s in seeds}, start, at, None, at, axis) for runs in (a, b)]
     diff = rows[0]["at_equal_rollouts"] - rows[1]["at_equal_rollouts"]
     se = math.hypot(rows[0]["at_equal_rollouts_se"], rows[1]["at_equal_rollouts_se"])
-    return {"seeds": seeds, "at_rollouts": at, "difference": diff, "se": se, "z": in_se(diff, se),
+    return {"seeds": seeds, f"at_{axis}": at, "difference": diff, "se": se, "z": in_se(diff, se),
             "area_difference": rows[0]["area"] - rows[1]["area"],
             "area_se": math.hypot(rows[0]["area_se"], rows[1]["area_se"])}
 
@@ -314,6 +320,13 @@ def build_table(runs: Sequence[Mapping[str, Any]], start: Mapping[str, Any], tru
             table["differences"][f"trace-{m}"] = difference(methods["trace"], methods[m], start, equal)
     if "trace" in methods:
         table["reach"] = reach_over_matched(methods["trace"], grpo, start)
+    if any("tokens_per_step" in r["settings"] for r in runs):  # a token budget: compare at equal tokens too
+        tokens = float(np.mean([sum(grpo[s]["steps"]["generated_tokens"]) for s in grpo]))
+        table["equal_tokens"] = tokens
+        pairs = [(m, "grpo") for m in order if m != "grpo"]
+        pairs += [("trace-tokens", m) for m in order if m not in ("grpo", "trace-tokens") and "trace-tokens" in methods]
+        table["differences_at_equal_tokens"] = {f"{a}-{b}": difference(methods[a], methods[b], start, tokens, "tokens")
+                                                for a, b in pairs}
     if truth is not None:
         table["truly_mixed"] = {m: truly_mixed_reading(methods[m], truth, truth_samples) for m in order}
     table["targets"] = judge(table)

@@ -134,6 +134,26 @@ def test_a_method_that_spends_less_is_compared_where_both_curves_exist() -> None
     assert math.isnan(lt.in_se(float("nan"), float("nan"))) and lt.in_se(1.0, 0.0) == math.inf
 
 
+def test_runs_at_a_token_budget_are_compared_at_equal_generated_tokens() -> None:
+    """Records made under a token budget get differences at equal generated tokens (GRPO's mean
+    spend, or the most both spent) beside the equal-rollouts ones; records without one get none."""
+    start = {"measure": _measure(0, [0, 0, 4, 4])}  # 8/16
+    g = _run("grpo", 0, [10, 10], [100, 100], [_measure(1, [1, 0, 4, 4]), _measure(2, [2, 0, 4, 4])], [1, 1],
+             [2, 2], {"q": 1})
+    t = _run("trace-tokens", 0, [30, 30], [50, 50], [_measure(1, [2, 1, 4, 4]), _measure(2, [3, 1, 4, 4])], [2, 2],
+             [3, 3], {"q": 1})
+    assert "equal_tokens" not in lt.build_table([g, t], start)
+    for r in (g, t):
+        r["settings"] = {**r["settings"], "tokens_per_step": 100}
+    table = lt.build_table([g, t], start)
+    assert table["equal_tokens"] == 200
+    d = table["differences_at_equal_tokens"]["trace-tokens-grpo"]
+    assert d["at_tokens"] == 100  # trace-tokens spent only 100 tokens: compared where both curves exist
+    assert d["difference"] == pytest.approx(12 / 16 - 9 / 16)
+    # areas over [0, 100] tokens / 100: (8 + 11)/2 * 50 + (11 + 12)/2 * 50 against (8 + 9)/2 * 100, over 16
+    assert d["area_difference"] == pytest.approx((1050 - 850) / 16 / 100)
+
+
 @pytest.fixture(scope="module")
 def mini_testbed(kb_qa_index, tmp_path_factory):
     """A 16-question testbed warm start (the pipeline's recipe), its held-out split from the
