@@ -81,6 +81,10 @@ class WarmStartStepConfig:
     # pool.jsonl and warmup.jsonl. False: the first train_tasks questions, as before.
     testbed: bool = True
     testbed_pool: int = 128  # the testbed's pool size (its other settings are TestbedConfig's pinned defaults)
+    # Draws the testbed's topics (known / unknown / partial), splits and wrong steps: another value
+    # redraws the testbed, so a comparison can be repeated on a second one (warm_start.seed seeds
+    # the demonstrations and the SFT instead).
+    testbed_seed: int = 0
     train_tasks: int | None = None  # demonstrate the first N training tasks per family (None: all)
     epsilon: float | None = None  # probability that an expert step is wrong (mixed rewards for RL)
     # SFT stage 1: passes over the turn views (the copying skills). 16 over all 400 QA tasks: 3.3% of

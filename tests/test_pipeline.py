@@ -175,6 +175,27 @@ def test_params_yaml_is_the_config_written_out() -> None:
     assert to_dict(loaded.train) == to_dict(from_dict(TrainConfig, to_dict(loaded.train)))
 
 
+def test_the_testbed_seed_setting_redraws_the_testbed_the_warm_start_builds() -> None:
+    from dataclasses import asdict
+
+    from conftest import DATA
+
+    from pipelines.steps.warm_start import sft_config
+    from trace_core.config import load_config
+    from trace_core.warmstart.testbed import draw_testbed, read_rows
+
+    def bed(overrides):
+        cfg = load_config(PipelineConfig, None, overrides)
+        ws = sft_config("data", "index", asdict(cfg.warm_start), asdict(cfg.train.agent), "out")
+        return ws.testbed
+
+    first, second = bed([]), bed(["warm_start.testbed_seed=1"])
+    assert (first.seed, second.seed) == (0, 1) and first.pool_size == second.pool_size == 128
+    rows, md5 = read_rows(DATA / "qa" / "train.jsonl")
+    pools = [set(draw_testbed(rows, config, md5).pool) for config in (first, second)]
+    assert pools[0] != pools[1]  # another pool of questions, not only another label
+
+
 def test_dvc_yaml_mirrors_the_dag_and_the_params() -> None:
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
     params = yaml.safe_load((REPO / "params.yaml").read_text())

@@ -111,7 +111,8 @@ def sft_config(data_dir: str, index_dir: str, cfg: dict[str, Any], agent: dict[s
 
     base = WarmStartConfig()
     if cfg["testbed"]:  # the testbed's own recipe: full demonstrations only, fitted closely
-        base = replace(base, view_sft=None, sft=TESTBED_SFT, testbed=TestbedConfig(pool_size=cfg["testbed_pool"]))
+        testbed = TestbedConfig(pool_size=cfg["testbed_pool"], seed=cfg["testbed_seed"])
+        base = replace(base, view_sft=None, sft=TESTBED_SFT, testbed=testbed)
     view_sft = None if base.view_sft is None else replace(
         base.view_sft, seed=cfg["seed"], progress=False, **given(epochs=cfg["view_epochs"]))
     return replace(
