@@ -14,6 +14,7 @@ Examples:
 
     python -m bench.testbed                       # build (~10 min) if needed, then measure (~3 min)
     python -m bench.testbed --out runs/testbed --samples 8
+    python -m bench.testbed --out runs/testbed-seed1 --testbed-seed 1 --results bench/results/testbed-seed1.json
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import time
 from pathlib import Path
 
 
-def build(out: Path, data: str, index: str) -> None:
-    cmd = [sys.executable, "-m", "trace_core.warmstart", "--tasks", "qa", "--testbed", "--view-epochs", "0",
+def build(out: Path, data: str, index: str, testbed_seed: int = 0) -> None:
+    cmd = [sys.executable, "-m", "trace_core.warmstart", "--tasks", "qa", "--testbed", "--testbed-seed",
+           str(testbed_seed), "--view-epochs", "0",
            "--eval-tasks", "0", "--threads", "2", "--data", data, "--qa-index", index, "--out", str(out),
            "--no-progress", *testbed_sft_flags()]
     print("building the testbed:", " ".join(cmd), flush=True)
@@ -101,12 +103,19 @@ def main() -> None:
     ap.add_argument("--data", default="data")
     ap.add_argument("--index", default="artifacts/qa_index")
     ap.add_argument("--samples", type=int, default=8, help="k rollouts per prompt (>= 8)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seeds the spread's sampling")
+    ap.add_argument("--testbed-seed", type=int, default=0,
+                    help="draws the testbed (its topics' competence, splits, wrong steps): another value redraws "
+                         "it, as the pipeline's warm_start.testbed_seed does")
     ap.add_argument("--results", type=Path, default=Path("bench/results/testbed.json"))
     args = ap.parse_args()
     t0 = time.perf_counter()
     if not (args.out / "policy" / "config.json").is_file():
-        build(args.out, args.data, args.index)
+        build(args.out, args.data, args.index, args.testbed_seed)
+    drawn = json.loads((args.out / "testbed.json").read_text())["config"]["seed"]
+    if drawn != args.testbed_seed:  # an existing folder is measured as it is, never relabelled
+        raise SystemExit(f"--out {args.out} holds the testbed drawn with seed {drawn}, not --testbed-seed "
+                         f"{args.testbed_seed}: give another --out, or the seed it was drawn with")
     spread = measure(args.out, args.data, args.index, args.samples, args.seed)
     bed = json.loads((args.out / "testbed.json").read_text())
     report = json.loads((args.out / "report.json").read_text())
