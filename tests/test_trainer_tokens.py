@@ -78,8 +78,8 @@ def test_trace_tokens_plans_in_tokens_spends_allowances_and_keeps_its_ledger_acr
         vllm_engine.load_weights(str(tiny_models[0]))  # the session engine goes back to seed 0
 
 
-def test_grpo_at_a_token_budget_rolls_out_the_groups_the_budget_buys(vllm_engine, tiny_models, server,
-                                                                      tmp_path) -> None:
+def test_grpo_at_a_token_budget_rolls_out_the_groups_the_budget_buys_from_its_first_step(
+        vllm_engine, tiny_models, server, tmp_path) -> None:
     from trace_core.training.trainer import Trainer
 
     G = 4  # tiny_overrides' group_size_G; its pool has B = 4 candidates
@@ -92,9 +92,19 @@ def test_grpo_at_a_token_budget_rolls_out_the_groups_the_budget_buys(vllm_engine
     finally:
         vllm_engine.load_weights(str(tiny_models[0]))
     history = trainer.state.history
-    assert history["budget/trajectories"][0] == 2 * G
+    rounds = [json.loads((tmp_path / "grpo" / "allocations" / f"step{s:05d}.json").read_text())["rounds"]
+              for s in range(2)]
+    # Step 0 prices at the first guess (two groups), learns the real lengths from them (shorter:
+    # 3 turns of 8 tokens), and spends the rest of the budget at those: a third group in a second
+    # wave, from a candidate not yet opened. Step 1 prices at the ledger in one wave.
+    assert rounds == [2, 1]
+    assert history["budget/trajectories"][0] > 2 * G and history["budget/trajectories"][0] % G == 0
+    assert history["tokens/root_cost_expected"][0] < FIRST_GUESS  # the second wave's prices are measured
+    assert history["budget/generated_tokens"][0] <= budget  # the measured prices held on this policy
     assert history["budget/trajectories"][1] % G == 0  # whole groups, however many the learned costs buy
     assert np.isnan(history["tokens/anchor_cost_error"][0])  # bare groups only: no continuation was priced
+    trees = load_trees(tmp_path / "grpo" / "trees" / "step00000.jsonl.gz")
+    assert len({t.prompt_id for t in trees}) == len(trees) == history["budget/trajectories"][0] // G
 
 
 @pytest.mark.parametrize(("method", "extra", "message"), [

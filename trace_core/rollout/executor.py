@@ -35,7 +35,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -571,19 +571,27 @@ class TreeRolloutExecutor:
             return np.array([tree_is_mixed(t) for t in part.trees], dtype=bool)
 
         sampled = sample_in_rounds(method, v, spec, rng, roll, history)
-        trees = [t for part in parts for t in part.trees]  # in sampling order, as sampled.kept
-        events, offset = [], 0
-        for part in parts:  # engine steps count on across the rounds
-            events += [RolloutEvent(e.engine_step + offset, e.kind, e.prompt_id, e.detail) for e in part.events]
-            offset += max((e.engine_step for e in part.events), default=0)
-        result = RolloutResult(
-            trees=trees, stats=merge_stats([part.stats for part in parts]), events=events,
-            continuations_per_anchor={k: d for part in parts for k, d in part.continuations_per_anchor.items()},
-            received_histories={k: h for part in parts for k, h in part.received_histories.items()},
-            anchor_predictions=[p for part in parts for p in part.anchor_predictions],
-            kept=sampled.kept.tolist(), rounds=sampled.rounds,
-        )
+        # the trees in sampling order, as sampled.kept
+        result = replace(merge_results(parts), kept=sampled.kept.tolist(), rounds=sampled.rounds)
         return RoundsResult(result, sampled.m)
+
+
+def merge_results(parts: Sequence[RolloutResult]) -> RolloutResult:
+    """Several executor runs, one after another, as one: their trees (and each tree's anchor
+    predictions and kept flag) in run order, the accounting summed (:func:`merge_stats`), the
+    events with engine steps counting on across the runs, and the runs' rounds added up."""
+    events, offset = [], 0
+    for part in parts:
+        events += [RolloutEvent(e.engine_step + offset, e.kind, e.prompt_id, e.detail) for e in part.events]
+        offset += max((e.engine_step for e in part.events), default=0)
+    return RolloutResult(
+        trees=[t for part in parts for t in part.trees], stats=merge_stats([part.stats for part in parts]),
+        events=events,
+        continuations_per_anchor={k: d for part in parts for k, d in part.continuations_per_anchor.items()},
+        received_histories={k: h for part in parts for k, h in part.received_histories.items()},
+        anchor_predictions=[p for part in parts for p in part.anchor_predictions],
+        kept=[k for part in parts for k in part.kept], rounds=sum(part.rounds for part in parts),
+    )
 
 
 def _node_values(tree: RolloutTree, values: dict[int, float]) -> np.ndarray:

@@ -41,7 +41,13 @@ from trace_core.history import PromptHistory
 from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, is_success, step_metrics
 from trace_core.rollout.agent import render_prompt
 from trace_core.rollout.env import Task
-from trace_core.rollout.executor import RolloutResult, TokenAllowance, TreeRolloutExecutor, expansion_of
+from trace_core.rollout.executor import (
+    RolloutResult,
+    TokenAllowance,
+    TreeRolloutExecutor,
+    expansion_of,
+    merge_results,
+)
 from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
 from trace_core.seeding import derive_seed
 from trace_core.token_budget import (
@@ -49,6 +55,7 @@ from trace_core.token_budget import (
     TokenPlan,
     ledger_after_rollouts,
     tree_step_costs,
+    uniform_groups_for_tokens,
     uniform_spec_for_tokens,
 )
 from trace_core.tracking import MLflowTracker, Tracker, end_after, tracked_run
@@ -438,10 +445,13 @@ class Trainer:
             def score_prefixes(tree, nodes):
                 return self.predictor.score_trees([tree], [list(nodes)])[0][list(nodes)]
 
+            expansion = expansion_of(self.method, spec.expansion_N, score_prefixes, allowance)
             with prof.phase("rollout"):
-                result = self.executor.run(pool, m.tolist(), expansion_of(self.method, spec.expansion_N,
-                                                                          score_prefixes, allowance),
-                                           self.rng, sampling_seed=self.sampling_seed(step))
+                result = self.executor.run(pool, m.tolist(), expansion, self.rng,
+                                           sampling_seed=self.sampling_seed(step))
+                if self.spec.prices_tokens and not self.method.prices_tokens and ledger.costs.step < 0:
+                    result, m, root_cost = self._spend_the_rest(pool, v, step, m, result, ledger, root_cost,
+                                                                expansion)
         # Wall-time attribution: the executor's loop is either in the engine, in the prefix scorer,
         # or outside both (tool steps and restores, waiting for tool threads). stats.tool_s sums
         # the tool threads' own durations, which overlap each other and the engine, so it is no
@@ -495,6 +505,44 @@ class Trainer:
                       "rounds": int(result.rounds)}
         self._record_root_outcomes(step, trees, root_pred)
         return StepOutput(trees=trees, m=m, allocation=allocation, metrics=metrics)
+
+    def _spend_the_rest(self, pool: list[Task], v: np.ndarray, step: int, m: np.ndarray, first: RolloutResult,
+                        ledger: TokenLedger, root_cost: np.ndarray,
+                        expansion: Any) -> tuple[RolloutResult, np.ndarray, np.ndarray]:
+        """A uniform method's first step at a token budget, the ledger having seen no rollout: the
+        groups planned at the first guess (``costs.initial_tokens``, capped at what the agent can
+        generate) are a probe; what the rest of the budget buys at the lengths they measured is
+        rolled out next, from the candidates not yet opened, by the method's own root rule.
+
+        Why: the guess is a bound, often several times the policy's real length, so the step would
+        otherwise buy a fraction of what the budget allows (a method with a predictor warm-up
+        learns the lengths from it before step 0 and never comes here). One second wave, not more:
+        its prices are measured, not guessed. Returns the merged result (the trees in pool order),
+        the bare rollouts per candidate, and the root prices each tree was bought at."""
+        G = self.spec.group_size_G
+        left = int(self.spec.tokens_per_step) - int(first.stats.generated_tokens)
+        unopened = np.flatnonzero(m == 0)
+        if left < G or unopened.size == 0:
+            return first, m, root_cost
+        measured, _ = ledger_after_rollouts(ledger, first.trees)
+        rest_pool = [pool[i] for i in unopened]
+        cost = expected_root_tokens(measured.costs, measured.cost_model, [t.id for t in rest_pool])
+        groups = uniform_groups_for_tokens(cost, left, G)
+        if groups < 1:
+            return first, m, root_cost
+        rest_spec = replace(self.spec, roots_M=groups * G, expansion_N=0, tokens_per_step=None)
+        m_rest = self._allocate_roots(rest_pool, v[unopened], step, rest_spec)
+        rest = self.executor.run(rest_pool, m_rest.tolist(), expansion, self.rng,
+                                 sampling_seed=derive_seed(self.sampling_seed(step), "the rest of a first step"))
+        merged = merge_results([first, rest])
+        position = {t.id: i for i, t in enumerate(pool)}
+        order = sorted(range(len(merged.trees)), key=lambda j: position[merged.trees[j].prompt_id])
+        merged = replace(merged, trees=[merged.trees[j] for j in order], kept=[merged.kept[j] for j in order],
+                         anchor_predictions=[merged.anchor_predictions[j] for j in order])
+        m, root_cost = m.copy(), root_cost.copy()
+        m[unopened] = m_rest
+        root_cost[unopened] = cost
+        return merged, m, root_cost
 
     def _allocate_roots(self, pool: list[Task], v: np.ndarray, step: int, spec: BudgetSpec) -> np.ndarray:
         """The step's bare rollouts per candidate under ``spec``: the method's root rule, reading the
