@@ -270,12 +270,18 @@ def judge(table: Mapping[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     if "trace" not in pool or "grpo" not in pool:
         return out
-    if not gain["measurable"]:
+    if gain["measurable"]:
+        out["grpo gain measurable (> 3 SE)"] = (f"PASS gain {gain['gain']:.4f} = "
+                                                f"{in_se(gain['gain'], gain['se']):.2f} SE (seeds {gain['seeds']})")
+    else:
         out["grpo gain measurable (> 3 SE)"] = (f"MISS gain {gain['gain']:.4f}, SE {gain['se']:.4f}: the other "
                                                 "pool-success targets are not judged")
+    if table.get("grpo_tokens_per_step") is not None:  # the targets below assume every method at M(1+N)
+        out["trace against grpo on the rollout axis"] = (
+            f"not judged: grpo spent a token budget ({table['grpo_tokens_per_step']} generated tokens a step), "
+            "not trace's M(1+N) trajectories; the comparisons at equal generated tokens stand instead")
+    if not gain["measurable"] or table.get("grpo_tokens_per_step") is not None:
         return out
-    out["grpo gain measurable (> 3 SE)"] = (f"PASS gain {gain['gain']:.4f} = {in_se(gain['gain'], gain['se']):.2f} SE "
-                                            f"(seeds {gain['seeds']})")
     reach = table["reach"]
     for suffix, counted in (("", "warm-up not counted"), ("_with_warmup", "warm-up counted")):
         share = reach[f"share{suffix}"]
@@ -320,6 +326,11 @@ def build_table(runs: Sequence[Mapping[str, Any]], start: Mapping[str, Any], tru
             table["differences"][f"trace-{m}"] = difference(methods["trace"], methods[m], start, equal)
     if "trace" in methods:
         table["reach"] = reach_over_matched(methods["trace"], grpo, start)
+    budgets = {r["settings"].get("tokens_per_step") for r in grpo.values()}
+    if len(budgets) > 1:
+        raise ValueError(f"grpo's records were made under different budgets ({sorted(budgets, key=str)}): "
+                         "one folder, one grpo budget")
+    table["grpo_tokens_per_step"] = budgets.pop()
     if any("tokens_per_step" in r["settings"] for r in runs):  # a token budget: compare at equal tokens too
         tokens = float(np.mean([sum(grpo[s]["steps"]["generated_tokens"]) for s in grpo]))
         table["equal_tokens"] = tokens

@@ -152,6 +152,14 @@ def test_runs_at_a_token_budget_are_compared_at_equal_generated_tokens() -> None
     assert d["difference"] == pytest.approx(12 / 16 - 9 / 16)
     # areas over [0, 100] tokens / 100: (8 + 11)/2 * 50 + (11 + 12)/2 * 50 against (8 + 9)/2 * 100, over 16
     assert d["area_difference"] == pytest.approx((1050 - 850) / 16 / 100)
+    # trace at M(1+N) beside grpo at a token budget: the rollout-axis targets are not judged
+    tr = {**t, "variant": "trace", "settings": {k: v for k, v in t["settings"].items() if k != "tokens_per_step"}}
+    targets = lt.build_table([g, tr], start)["targets"]
+    assert "trace against grpo on the rollout axis" in targets and not any("PASS" in v for k, v in targets.items()
+                                                                           if k.startswith("trace "))
+    g2 = {**g, "seed": 1, "settings": {**g["settings"], "tokens_per_step": 200}}
+    with pytest.raises(ValueError, match="different budgets"):
+        lt.build_table([g, g2, t], start)
 
 
 @pytest.fixture(scope="module")
