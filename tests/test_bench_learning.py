@@ -37,7 +37,7 @@ def _same(a, b, path="") -> None:
         assert a == b, f"{path}: {a!r} vs {b!r}"
 
 
-@pytest.mark.parametrize("name", ["train_compare.json", "train_compare_tokens.json"])
+@pytest.mark.parametrize("name", ["train_compare.json", "train_compare_tokens.json", "train_compare_tokens_seed1.json"])
 def test_the_committed_train_compare_tables_are_recomputed_from_their_own_series(name: str) -> None:
     """Both committed tables (at M(1+N) trajectories, and at an equal budget of generated tokens
     with its own targets) are what their per-run series give."""
