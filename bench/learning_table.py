@@ -276,11 +276,12 @@ def judge(table: Mapping[str, Any]) -> dict[str, str]:
     else:
         out["grpo gain measurable (> 3 SE)"] = (f"MISS gain {gain['gain']:.4f}, SE {gain['se']:.4f}: the other "
                                                 "pool-success targets are not judged")
-    if table.get("grpo_tokens_per_step") is not None:  # the targets below assume every method at M(1+N)
+    grpo_tokens = table.get("grpo_tokens_per_step")
+    if grpo_tokens is not None:  # the targets below assume every method at M(1+N)
         out["trace against grpo on the rollout axis"] = (
-            f"not judged: grpo spent a token budget ({table['grpo_tokens_per_step']} generated tokens a step), "
+            f"not judged: grpo spent a token budget ({grpo_tokens} generated tokens a step), "
             "not trace's M(1+N) trajectories; the comparisons at equal generated tokens stand instead")
-    if not gain["measurable"] or table.get("grpo_tokens_per_step") is not None:
+    if not gain["measurable"] or grpo_tokens is not None:
         return out
     reach = table["reach"]
     for suffix, counted in (("", "warm-up not counted"), ("_with_warmup", "warm-up counted")):

@@ -112,12 +112,11 @@ def main() -> None:
     t0 = time.perf_counter()
     if not (args.out / "policy" / "config.json").is_file():
         build(args.out, args.data, args.index, args.testbed_seed)
-    drawn = json.loads((args.out / "testbed.json").read_text())["config"]["seed"]
-    if drawn != args.testbed_seed:  # an existing folder is measured as it is, never relabelled
-        raise SystemExit(f"--out {args.out} holds the testbed drawn with seed {drawn}, not --testbed-seed "
-                         f"{args.testbed_seed}: give another --out, or the seed it was drawn with")
-    spread = measure(args.out, args.data, args.index, args.samples, args.seed)
     bed = json.loads((args.out / "testbed.json").read_text())
+    if bed["config"]["seed"] != args.testbed_seed:  # an existing folder is measured as it is, never relabelled
+        raise SystemExit(f"--out {args.out} holds the testbed drawn with seed {bed['config']['seed']}, not "
+                         f"--testbed-seed {args.testbed_seed}: give another --out, or the seed it was drawn with")
+    spread = measure(args.out, args.data, args.index, args.samples, args.seed)
     report = json.loads((args.out / "report.json").read_text())
     pool = spread["pool"]
     targets = {"grpo effective ratio (G = k) in [0.20, 0.40]": 0.20 <= pool["grpo_effective_ratio"] <= 0.40,

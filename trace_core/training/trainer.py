@@ -527,10 +527,9 @@ class Trainer:
         measured, _ = ledger_after_rollouts(ledger, first.trees)
         rest_pool = [pool[i] for i in unopened]
         cost = expected_root_tokens(measured.costs, measured.cost_model, [t.id for t in rest_pool])
-        groups = uniform_groups_for_tokens(cost, left, G)
-        if groups < 1:
+        if uniform_groups_for_tokens(cost, left, G) < 1:
             return first, m, root_cost
-        rest_spec = replace(self.spec, roots_M=groups * G, expansion_N=0, tokens_per_step=None)
+        rest_spec = uniform_spec_for_tokens(replace(self.spec, tokens_per_step=left), cost)
         m_rest = self._allocate_roots(rest_pool, v[unopened], step, rest_spec)
         rest = self.executor.run(rest_pool, m_rest.tolist(), expansion, self.rng,
                                  sampling_seed=derive_seed(self.sampling_seed(step), "the rest of a first step"))
