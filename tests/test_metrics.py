@@ -338,3 +338,38 @@ def test_step_metrics_count_every_rollout_and_train_only_on_the_kept_trees() -> 
         step_metrics(trees, kept[:2], adv, alloc)
     with pytest.raises(ValueError, match="kept tree"):
         step_metrics(trees, kept, [*adv, adv[0]], alloc)
+
+
+# -- pass@1 with the question as the unit ------------------------------------------------------------
+
+
+def test_pass_at_1_takes_its_error_from_the_spread_of_questions():
+    from trace_core.metrics import pass_at_1
+
+    p = pass_at_1({"a": 4, "b": 0, "c": 2, "d": 2}, 4)
+    rates = np.array([1.0, 0.0, 0.5, 0.5])
+    assert p.value == pytest.approx(0.5) and p.questions == 4
+    assert p.se == pytest.approx(rates.std(ddof=1) / 2)
+    # a question solved always or never is still one unit: the pooled binomial SE would be smaller
+    assert p.se > np.sqrt(0.5 * 0.5 / 16)
+    with pytest.raises(ValueError, match="samples"):
+        pass_at_1({"a": 1}, 0)
+    with pytest.raises(ValueError, match=r"\[0, 4\]"):
+        pass_at_1({"a": 5}, 4)
+
+
+def test_paired_difference_removes_the_questions_own_difficulty():
+    from trace_core.metrics import paired_pass_difference, pass_at_1
+
+    easy_hard = {f"q{i}": (8 if i % 2 else 0) for i in range(20)}
+    better = {q: min(8, s + 1) if s == 0 else s for q, s in easy_hard.items()}  # +1/8 on every hard question
+    d = paired_pass_difference(better, 8, easy_hard, 8)
+    assert d.value == pytest.approx(pass_at_1(better, 8).value - pass_at_1(easy_hard, 8).value)
+    assert d.value == pytest.approx(0.5 / 8)
+    # the paired SE is far below the two unpaired SEs in quadrature
+    unpaired = np.hypot(pass_at_1(better, 8).se, pass_at_1(easy_hard, 8).se)
+    assert d.se < unpaired / 5
+    # different sample counts compare as rates
+    assert paired_pass_difference({"a": 2}, 4, {"a": 4}, 8).value == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="same questions"):
+        paired_pass_difference({"a": 1}, 4, {"b": 1}, 4)

@@ -239,6 +239,47 @@ def rate_interval(count: int, exposure: float, per: float = 1.0, z: float = WILS
     return float(per * low / exposure), float(per * (centre + half) / exposure)
 
 
+@dataclass(frozen=True)
+class PassAt1:
+    """pass@1 over questions with its standard error, the question as the unit: k samples of one
+    question are correlated (they share its difficulty), so the pooled binomial interval over all
+    n·k samples is too narrow; the spread of the n per-question rates is not."""
+
+    value: float  # mean over questions of successes / k
+    se: float  # standard deviation of the per-question rates / sqrt(n)
+    questions: int  # n
+
+
+def pass_at_1(successes: dict[str, int], samples: int) -> PassAt1:
+    """pass@1 of per-question success counts out of ``samples``, SE by question (:class:`PassAt1`)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    rates = np.array([s / samples for s in successes.values()], dtype=float)
+    if rates.size == 0:
+        raise ValueError("successes must hold at least one question")
+    if ((rates < 0) | (rates > 1)).any():
+        raise ValueError(f"every count must lie in [0, {samples}]")
+    se = float(rates.std(ddof=1) / np.sqrt(rates.size)) if rates.size > 1 else float("nan")
+    return PassAt1(float(rates.mean()), se, int(rates.size))
+
+
+def paired_pass_difference(a: dict[str, int], a_samples: int, b: dict[str, int], b_samples: int) -> PassAt1:
+    """pass@1 of ``a`` minus that of ``b``, paired by question: the mean over the questions both
+    measured of (rate_a − rate_b), and the SE of that mean. Pairing removes the questions' own
+    difficulty from the error, which two independent intervals would count twice. Both must
+    measure the same questions (a ValueError names those only one has)."""
+    if set(a) != set(b):
+        only = sorted(set(a) ^ set(b))
+        raise ValueError(f"the two measurements must cover the same questions; {len(only)} differ, e.g. {only[:3]}")
+    if a_samples < 1 or b_samples < 1:
+        raise ValueError(f"samples must be >= 1, got {a_samples} and {b_samples}")
+    rates = np.array([a[q] / a_samples - b[q] / b_samples for q in sorted(a)], dtype=float)
+    if rates.size == 0:
+        raise ValueError("the measurements must hold at least one question")
+    se = float(rates.std(ddof=1) / np.sqrt(rates.size)) if rates.size > 1 else float("nan")
+    return PassAt1(float(rates.mean()), se, int(rates.size))
+
+
 # ---------------------------------------------------------------------------- predictor
 def spearman(pred: ArrayLike, target: ArrayLike) -> float:
     """Spearman rank correlation of ``pred`` and ``target`` (ties take average ranks).

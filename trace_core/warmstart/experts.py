@@ -131,6 +131,11 @@ def change_one_digit(text: str, rng: HashRng, span: tuple[int, int] | None = Non
 class MathExpert:
     """Calls ``python`` with the problem's ``solution_code``, then boxes the printed value.
 
+    A chained problem (``metadata["solution_steps"]``, :mod:`trace_core.data.chains`) is solved one
+    call per part instead: part k's program with ``{prev}`` replaced by what part k − 1 printed,
+    so each later call copies a tool result, as an agent working step by step would. Corruption
+    (``epsilon``) applies to the first call and to the answer, as for a one-call problem.
+
     ``run_code`` maps code to the observation text; the default runs the (trusted) code in-process
     (:func:`~trace_core.warmstart.tools.run_trusted_python`); pass a sandbox-backed one to reproduce
     the real tool byte for byte.
@@ -139,6 +144,7 @@ class MathExpert:
     task_name = "math"
     THOUGHT_CALL = "I will compute this with Python."
     THOUGHT_ANSWER = "The program printed the answer."
+    THOUGHT_NEXT = "I will use that result in the next part."
 
     def __init__(self, run_code: Callable[[str], str] = run_trusted_python, max_attempts: int = 20) -> None:
         self.run_code = run_code
@@ -146,23 +152,41 @@ class MathExpert:
 
     def script(self, task: Task, epsilon: float, seed: int = 0, env: Environment | None = None) -> Script:
         _check_epsilon(epsilon)
-        code = task.metadata.get("solution_code")
-        if not isinstance(code, str) or not code.strip():
-            raise ValueError(f"math task {task.id!r}: metadata['solution_code'] must be a non-empty string")
+        code, *later_steps = self._programs(task)
         rng = HashRng(f"{seed}/warmstart/math/{task.id}")
         bad_code = _coin(rng, epsilon)
         if bad_code:
             code = self._corrupt_code(task, code, rng)
         text = tool_call_text(self.THOUGHT_CALL, "python", {"code": code})
-        output = _Observer(task, env, self.run_code)(text, code)
-        call = ExpertStep(text, output, tool="python", arguments={"code": code}, corrupted=bad_code)
+        observe = _Observer(task, env, self.run_code)
+        output = observe(text, code)
+        calls = [ExpertStep(text, output, tool="python", arguments={"code": code}, corrupted=bad_code)]
+        for later in later_steps:
+            code = later.replace("{prev}", output.strip())
+            text = tool_call_text(self.THOUGHT_NEXT, "python", {"code": code})
+            output = observe(text, code)
+            calls.append(ExpertStep(text, output, tool="python", arguments={"code": code}))
         value = output.strip()
         bad_answer = _coin(rng, epsilon) and any(ch.isdigit() for ch in value)
         if bad_answer:
             value = change_one_digit(value, rng)
         final = f"\\boxed{{{value}}}"
         answer = ExpertStep(answer_text(self.THOUGHT_ANSWER, final), None, final_answer=final, corrupted=bad_answer)
-        return Script(task, (call, answer), answer_is_correct(final, task))
+        return Script(task, (*calls, answer), answer_is_correct(final, task))
+
+    @staticmethod
+    def _programs(task: Task) -> list[str]:
+        """The programs the expert runs: a chained problem's parts, else its one ``solution_code``."""
+        steps = task.metadata.get("solution_steps")
+        if steps is not None:
+            if not (isinstance(steps, list) and steps and all(isinstance(c, str) and c.strip() for c in steps)):
+                raise ValueError(f"math task {task.id!r}: metadata['solution_steps'] must be a non-empty "
+                                 "list of programs")
+            return list(steps)
+        code = task.metadata.get("solution_code")
+        if not isinstance(code, str) or not code.strip():
+            raise ValueError(f"math task {task.id!r}: metadata['solution_code'] must be a non-empty string")
+        return [code]
 
     def _corrupt_code(self, task: Task, code: str, rng: HashRng) -> str:
         """One digit of one literal changed, such that the program still runs (checked in-process)."""
