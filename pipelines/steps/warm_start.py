@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from trace_core.warmstart.pipeline import WarmStartConfig
 
 STAGE = "warm_start"
-TESTBED_FILES = ("pool.jsonl", "warmup.jsonl", "testbed.json")
+TESTBED_FILES = ("pool.jsonl", "warmup.jsonl", "heldout.jsonl", "testbed.json")
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,13 @@ def _sft(data: ArtifactRef, index: ArtifactRef, cfg: dict[str, Any], agent: dict
     """The SFT warm start into ``work`` (policy/, report.json, the testbed files), logged to ``tracker``."""
     from trace_core.config import flatten
     from trace_core.warmstart.pipeline import run_warm_start as run_sft
+    from trace_core.warmstart.pretrained import run_pretrained_warm_start
 
-    report = run_sft(sft_config(data.path, index.path, cfg, agent, str(work)))
+    if cfg.get("policy", "tiny") == "smollm2":
+        report = run_pretrained_warm_start(pretrained_config(cfg, agent, str(work)))
+        _pretrained_testbed_files(work, cfg)
+    else:
+        report = run_sft(sft_config(data.path, index.path, cfg, agent, str(work)))
     tracker.log_params({"origin": "sft", **{f"warm_start.{k}": v for k, v in cfg.items()}})
     # Every number of the warm start's report (SFT phases, sizes, its own evaluation), whatever its layout.
     numbers = {k: float(v) for k, v in flatten({k: v for k, v in report.items() if k != "config"}).items()
@@ -125,3 +130,33 @@ def sft_config(data_dir: str, index_dir: str, cfg: dict[str, Any], agent: dict[s
         eval=replace(base.eval, seed=cfg["seed"]),
         agent=from_dict(AgentConfig, agent), **given(synthetic_kbs=cfg["synthetic_kbs"]),
     )
+
+
+PRETRAINED_WARMUP_QUESTIONS = 64  # the predictor's warm-up: the first demonstrated questions
+
+
+def pretrained_config(cfg: dict[str, Any], agent: dict[str, Any], out_dir: str):
+    """The ``PretrainedWarmStartConfig`` of the ``warm_start`` section ``cfg``: its own defaults,
+    the chained problems drawn with ``testbed_seed``, and the SFT settings ``cfg`` gives (not None)."""
+    from dataclasses import replace
+
+    from trace_core.config import from_dict
+    from trace_core.rollout.agent import AgentConfig
+    from trace_core.warmstart.pretrained import PretrainedWarmStartConfig
+
+    given = {k: cfg[k] for k in ("lr", "epochs", "batch_size") if cfg.get(k) is not None}
+    base = PretrainedWarmStartConfig()
+    return replace(base, out_dir=out_dir, chains=replace(base.chains, seed=cfg["testbed_seed"]),
+                   sft=replace(base.sft, seed=cfg["seed"], progress=False, **given),
+                   agent=from_dict(AgentConfig, agent))
+
+
+def _pretrained_testbed_files(work: Path, cfg: dict[str, Any]) -> None:
+    """The pretrained warm start's questions where the train step looks for the testbed's: the pool
+    as ``pool.jsonl``, the first demonstrated questions as ``warmup.jsonl`` (the predictor's
+    warm-up), and ``heldout.jsonl`` beside them (never shown to training)."""
+    tasks = work / "tasks"
+    copy_tree(tasks / "pool.jsonl", work / "pool.jsonl")
+    copy_tree(tasks / "heldout.jsonl", work / "heldout.jsonl")
+    lines = (tasks / "warm.jsonl").read_text().splitlines(keepends=True)
+    (work / "warmup.jsonl").write_text("".join(lines[:PRETRAINED_WARMUP_QUESTIONS]))
