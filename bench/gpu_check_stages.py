@@ -35,6 +35,8 @@ CARRIED = {"deepspeed": "deepspeed", "hjson": "hjson", "ninja": "ninja", "psutil
            "pydantic": "pydantic", "pydantic_core": "pydantic_core", "annotated-types": "annotated_types",
            "typing-inspection": "typing_inspection", "msgpack": "msgpack", "einops": "einops", "scipy": "scipy",
            "typing_extensions": "typing_extensions"}
+# distributions PyPI ships only as an sdist at the pinned version: built here into pure-Python wheels
+BUILT_HERE = ("deepspeed", "antlr4-python3-runtime")
 # the image's interpreter and platform, for which the binary wheels are downloaded
 WHEEL_TARGET = ("--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3",
                 "--abi", "none", "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
@@ -99,9 +101,9 @@ def _write_json(path: Path, data: dict) -> None:
     tmp.replace(path)  # atomic: a reader never sees half a report
 
 
-def init_report(path: Path, mode: str, command: str) -> None:
+def init_report(path: Path, mode: str, command: str, check: str = "trace-rl GPU check") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(path, {"check": "trace-rl GPU check", "mode": mode, "command": command,
+    _write_json(path, {"check": check, "mode": mode, "command": command,
                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stages": []})
 
 
@@ -112,12 +114,12 @@ def append_stage(path: Path, record: dict) -> None:
 
 
 # ============================================================================ stages
-def stage_install(work: Path, sizes: CheckSizes) -> dict:
+def stage_install(work: Path, sizes: CheckSizes, carried: dict[str, str] = CARRIED) -> dict:
     """Make the carried wheels importable: already there, ``pip install --target``, or (no pip)
-    unpack them — a wheel is a zip laid out as site-packages."""
+    unpack them — a wheel is a zip laid out as site-packages. ``carried``: distribution → module."""
     import importlib.util
 
-    missing = [m for m in CARRIED.values() if importlib.util.find_spec(m) is None]
+    missing = [m for m in carried.values() if importlib.util.find_spec(m) is None]
     wheels = Path(os.environ.get("GPU_CHECK_WHEELS", "")) if os.environ.get("GPU_CHECK_WHEELS") else None
     if not missing:
         return {"action": "none: every carried package is importable"}
@@ -143,23 +145,25 @@ def stage_install(work: Path, sizes: CheckSizes) -> dict:
             "missing_before": missing}
 
 
-def build_wheels(out: Path, lock: Path = REPO / "requirements" / "lock.txt") -> list[str]:
-    """The carried wheels at the lock file's versions: DeepSpeed built here (a pure-Python wheel),
-    the rest downloaded for the image's Python 3.12 on x86-64 Linux. Returns the pip commands run."""
+def build_wheels(out: Path, lock: Path = REPO / "requirements" / "lock.txt",
+                 carried: dict[str, str] = CARRIED) -> list[str]:
+    """The ``carried`` wheels at the lock file's versions: those of BUILT_HERE built here (pure-Python
+    wheels), the rest downloaded for the image's Python 3.12 on x86-64 Linux. Returns the pip commands run."""
 
     def norm(name: str) -> str:
         return name.lower().replace("_", "-").replace(".", "-")
 
     pins = {norm(line.split("==")[0]): line.split("==")[1].strip()
             for line in lock.read_text().splitlines() if "==" in line and not line.startswith("#")}
-    missing = [d for d in CARRIED if norm(d) not in pins]
+    missing = [d for d in carried if norm(d) not in pins]
     if missing:
         raise ValueError(f"{lock} pins no version of {missing}")
     out.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip"]
-    cmds = [[*pip, "wheel", "--no-deps", f"deepspeed=={pins['deepspeed']}", "-w", str(out)],
-            [*pip, "download", "--only-binary=:all:", "--no-deps", *WHEEL_TARGET, "-d", str(out),
-             *(f"{d}=={pins[norm(d)]}" for d in CARRIED if d != "deepspeed")]]
+    built = [[*pip, "wheel", "--no-deps", f"{d}=={pins[norm(d)]}", "-w", str(out)] for d in carried if d in BUILT_HERE]
+    downloaded = [f"{d}=={pins[norm(d)]}" for d in carried if d not in BUILT_HERE]
+    cmds = built + ([[*pip, "download", "--only-binary=:all:", "--no-deps", *WHEEL_TARGET, "-d", str(out),
+                      *downloaded]] if downloaded else [])
     for cmd in cmds:
         subprocess.run(cmd, check=True)
     return [" ".join(c[2:]) for c in cmds]
@@ -240,16 +244,12 @@ def stage_trace_steps(work: Path, sizes: CheckSizes) -> dict:
     """A few TRACE steps on the fixed-turns task: transformers engine, DeepSpeed ZeRO-2, JSONL tracker."""
     import torch
 
-    import trace_core.training.plots as plots
     from bench.gpu_check_tracker import JsonlTracker
     from trace_core.config import load_config
     from trace_core.training.config import TrainConfig
     from trace_core.training.trainer import Trainer
 
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:  # the bare image has no matplotlib: the end-of-run figures are skipped
-        plots.training_plots = lambda history: {}  # the trainer imports it when the run ends
+    skip_figures_without_matplotlib()
     out_dir = work / "trace_run"
     overrides = [
         "method=trace", "advantage=tree", f"steps={sizes.trace_steps}", f"policy_model={_tiny_policy(work)}",
@@ -266,12 +266,34 @@ def stage_trace_steps(work: Path, sizes: CheckSizes) -> dict:
     trainer = Trainer(cfg, tracker=tracker)
     init_s = time.perf_counter() - t0
     summary = trainer.run()
+    rec = trainer_record(trainer, summary, tracker, init_s)
+    if torch.cuda.is_available():
+        rec["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    close_trainer(trainer)
+    return rec
+
+
+def skip_figures_without_matplotlib() -> None:
+    """The bare image has no matplotlib: the trainer's end-of-run figures are skipped (the metrics
+    and the cost table are still written). The trainer imports the plotting function when a run ends."""
+    import trace_core.training.plots as plots
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        plots.training_plots = lambda history: {}
+
+
+def trainer_record(trainer: Any, summary: dict, tracker: Any, init_s: float) -> dict:
+    """What a finished :class:`~trace_core.training.trainer.Trainer` run measured: its policy's
+    layout, step times, the cost breakdown, tokens/s, the final metrics and the JSONL tracker's file."""
+    cfg = trainer.cfg
     hist = trainer.state.history
     step_s = hist.get("cost/step_s", [])
     gen = hist.get("budget/generated_tokens", [])
     trained = hist.get("policy/trained_tokens", [])
     opt_s = hist.get("cost/policy_optimisation_s", [])
-    rec = {
+    return {
         "policy": {"zero_stage": cfg.policy.zero_stage, "backend": cfg.policy.dist_backend, "dtype": cfg.policy.dtype,
                    "attn_implementation": cfg.policy.attn_implementation, "world_size": trainer.policy.world_size,
                    "device": str(trainer.policy.device)},
@@ -287,12 +309,15 @@ def stage_trace_steps(work: Path, sizes: CheckSizes) -> dict:
         "tracker": {"kind": "JSON lines (bench/gpu_check_tracker.py)", "metric_records": len(tracker.metrics()),
                     "file": str(tracker.dir / "records.jsonl")},
     }
-    if torch.cuda.is_available():
-        rec["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+
+
+def close_trainer(trainer: Any) -> None:
+    """Release the trainer's DeepSpeed engine and the process group it joined."""
+    import torch
+
     trainer.policy.engine.destroy()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    return rec
 
 
 def stage_tree_training(work: Path, sizes: CheckSizes) -> dict:
@@ -439,12 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def record_failed_stage(args: argparse.Namespace, report: Path) -> None:
-    """A stage that did not finish: its status, exit code, time and the tail of its log."""
+def record_failed_stage(args: argparse.Namespace, report: Path, extra: dict | None = None) -> None:
+    """A stage that did not finish: its status, exit code, time, the tail of its log and ``extra``."""
     tail = Path(args.log).read_text(errors="replace").splitlines()[-15:] if args.log and Path(args.log).exists() \
         else []
     append_stage(report, {"name": args.name, "status": args.status, "rc": args.rc, "seconds": args.seconds,
-                          "log_tail": tail})
+                          "log_tail": tail, **(extra or {})})
 
 
 def run_stage(args: argparse.Namespace, report: Path) -> None:
