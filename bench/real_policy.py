@@ -15,10 +15,11 @@ question by question. Reports:
 Aims (the task's calibration, reported, not tuned against): GRPO's expected effective ratio on
 the pool in [0.15, 0.45]; no interior bin above half of the mixed questions.
 
-Writes ``bench/results/real_policy.json`` and ``.png``.
+Writes ``bench/results/real_policy.json`` and ``.png``. Example (the warm start, then this
+measurement)::
 
     python -m trace_core.warmstart.pretrained --out runs/smollm2   # the warm start (~25 min)
-    python -m bench.real_policy --out runs/smollm2                 # this measurement (~15 min)
+    python -m bench.real_policy --out runs/smollm2                 # this measurement (~40 min on 2 cores)
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,20 +98,34 @@ def test_the_tokenizer_lays_out_the_react_format_with_smollm2s_own_markers(smoll
     assert ids.count(tok.convert_tokens_to_ids("<|im_end|>")) == 2  # the frame's two, not the text's
 
 
-def test_vllm_logprobs_match_transformers_on_the_real_policy(smollm2):
+def _in_a_fresh_process(function: str, *args: str) -> None:
+    """Run ``function(*args)`` of this module in a new Python process.
+
+    A second in-process vLLM engine, once shut down, tears down the process group that the session's
+    shared engine and DeepSpeed's cached groups rely on, so the real policy's engine never lives
+    in the test session's own process."""
+    code = ("import sys; sys.path[:0] = [sys.argv[1]]; import conftest, test_pretrained as t; "
+            "getattr(t, sys.argv[2])(*sys.argv[3:])")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", code, tests, function, *args], capture_output=True, text=True,
+                         cwd=os.path.dirname(tests), timeout=840)
+    assert out.returncode == 0, f"{function} failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}"
+
+
+def check_vllm_logprobs(policy: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_core.rollout import EngineConfig, GenerationRequest, SamplingConfig, build_engine, generate
     from trace_core.rollout.hf_engine import teacher_forced_logprobs
 
-    tok = AutoTokenizer.from_pretrained(smollm2)
-    engine = build_engine(EngineConfig(model_path=str(smollm2), max_model_len=1024, kv_cache_bytes=256 << 20))
+    tok = AutoTokenizer.from_pretrained(policy)
+    engine = build_engine(EngineConfig(model_path=policy, max_model_len=1024, kv_cache_bytes=256 << 20))
     try:
         req = GenerationRequest("lp", _prompt_ids(tok), SamplingConfig(n=2, max_new_tokens=24, seed=0, ignore_eos=True))
         (comp,) = generate(engine, [req])
     finally:
         engine.close()
-    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
     assert comp.samples[0].token_ids != comp.samples[1].token_ids
     for sample in comp.samples:
         ref = np.array(teacher_forced_logprobs(model, comp.prompt_token_ids, sample.token_ids))
@@ -116,9 +133,11 @@ def test_vllm_logprobs_match_transformers_on_the_real_policy(smollm2):
         np.testing.assert_allclose(sample.logprobs, ref, atol=LOGPROB_ATOL)
 
 
-def test_the_trainer_takes_steps_on_the_real_policy(smollm2, server, tmp_path):
-    """Two steps of TRACE on SmolLM2 through the whole loop: vLLM rollouts, DeepSpeed ZeRO-2 on
-    the 135M weights, the new weights synced into the engine, a checkpoint, MLflow."""
+def test_vllm_logprobs_match_transformers_on_the_real_policy(smollm2):
+    _in_a_fresh_process("check_vllm_logprobs", str(smollm2))
+
+
+def check_trainer_steps(policy: str, tracking_uri: str, out: str) -> None:
     from conftest import tiny_overrides
 
     from trace_core.config import load_config
@@ -126,13 +145,17 @@ def test_the_trainer_takes_steps_on_the_real_policy(smollm2, server, tmp_path):
     from trace_core.training.config import TrainConfig
     from trace_core.training.trainer import Trainer
 
-    overrides = tiny_overrides(smollm2, tmp_path / "run", server.uri, "trace", steps=2)
-    overrides = [o for o in overrides if not o.startswith(("budget.", "engine.kv_cache_mb", "policy.lr"))] + [
-        "budget.roots_M=2", "budget.expansion_N=1", "budget.group_size_G=2", "budget.max_per_prompt=2",
+    run = Path(out) / "run"
+    overrides = tiny_overrides(Path(policy), run, tracking_uri, "trace", steps=2)
+    # 48 tokens a turn: SmolLM2's first few tokens are nearly certain, so eight-token turns would
+    # give every rollout one text, one coin-flip reward and no group with both outcomes to learn from
+    overrides = [o for o in overrides if not o.startswith(("budget.", "engine.kv_cache_mb", "policy.lr",
+                                                           "agent.max_new_tokens"))] + [
+        "budget.roots_M=4", "budget.expansion_N=1", "budget.group_size_G=4", "budget.max_per_prompt=4",
         "budget.pool_factor=2", "engine.kv_cache_mb=256", "policy.lr=1e-5", "predictor.vocab_size=49152",
-        "task.envs.fixed_turns.turns=2"]
+        "task.envs.fixed_turns.turns=2", "agent.max_new_tokens=48"]
     cfg = load_config(TrainConfig, None, overrides)
-    engine = build_engine(EngineConfig(model_path=str(smollm2), max_model_len=1024, kv_cache_bytes=256 << 20))
+    engine = build_engine(EngineConfig(model_path=policy, max_model_len=1024, kv_cache_bytes=256 << 20))
     try:
         trainer = Trainer(cfg, engine=engine)
         before = {k: v.clone() for k, v in trainer.policy.full_state_dict().items()}
@@ -141,7 +164,14 @@ def test_the_trainer_takes_steps_on_the_real_policy(smollm2, server, tmp_path):
     finally:
         engine.close()
     final = summary["final"]
-    assert final["budget/trajectories"] == cfg.budget.spec().total == 4
+    assert final["budget/trajectories"] == cfg.budget.spec().total == 8
+    assert sum(trainer.state.history["counts/mixed_groups"]) > 0, "no group held both outcomes"
     assert np.isfinite(final["policy/policy_loss"]) and np.isfinite(final["predictor/loss"])
     assert any(not torch.equal(before[k], after[k]) for k in before), "the policy weights did not change"
-    assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "step_000002"
+    assert (run / "checkpoints" / "latest").read_text() == "step_000002"
+
+
+def test_the_trainer_takes_steps_on_the_real_policy(smollm2, server, tmp_path):
+    """Two steps of TRACE on SmolLM2 through the whole loop: vLLM rollouts, DeepSpeed ZeRO-2 on
+    the 135M weights, the new weights synced into the engine, a checkpoint, MLflow."""
+    _in_a_fresh_process("check_trainer_steps", str(smollm2), server.uri, str(tmp_path))

@@ -244,3 +244,43 @@ def test_capped_dapo_spends_at_most_the_budget_and_counts_its_dropped_groups(vll
             assert mixed_kept == trainer.method.group_filter.target_groups(cfg.budget.spec())
         dropped_seen += len(dropped)
     assert dropped_seen > 0
+
+
+def test_heldout_pass_at_1_is_measured_at_its_steps_on_questions_outside_the_pool(vllm_engine, tiny_models, server,
+                                                                                  tmp_path) -> None:
+    """The held-out measurement: k rollouts of every held-out question before step 0 and after the
+    last step, one sampling seed (the same policy gives the same counts), its counts on disk and
+    its pass@1 in MLflow; a held-out file sharing a question with the pool is refused up front."""
+    from mlflow.tracking import MlflowClient
+
+    from trace_core.config import ConfigError
+    from trace_core.data.chains import ChainConfig, generate
+    from trace_core.training.trainer import Trainer
+
+    split = generate(ChainConfig(n_warm=4, n_pool=16, n_heldout=5, seed=3))
+    files = {}
+    for name in ("pool", "heldout"):
+        files[name] = tmp_path / f"{name}.jsonl"
+        files[name].write_text("".join(json.dumps(e.to_record()) + "\n" for e in split[name]))
+    overrides = [o for o in tiny_overrides(tiny_models[0], tmp_path / "run", server.uri, "grpo")
+                 if not o.startswith("task.")] + [
+        "task.family=math", f"task.train_file={files['pool']}", "predictor.task_family=math",
+        f"heldout.task_file={files['heldout']}", "heldout.samples=2", "heldout.at_steps=[0]"]
+    cfg = load_config(TrainConfig, None, overrides)
+    try:
+        summary = Trainer(cfg, engine=vllm_engine).run()
+    finally:
+        vllm_engine.load_weights(str(tiny_models[0]))
+    assert [r["step"] for r in summary["heldout"]] == [0.0, 1.0]
+    start = json.loads((tmp_path / "run" / "heldout" / "step00000.json").read_text())
+    assert sorted(start["successes"]) == sorted(e.id for e in split["heldout"]) and start["samples"] == 2
+    assert start["rollouts"] == 10 and all(0 <= c <= 2 for c in start["successes"].values())
+    assert start["pass_at_1"] == sum(start["successes"].values()) / 10
+    metrics = MlflowClient(server.uri).get_metric_history(summary["run_id"], "heldout/pass_at_1")
+    assert sorted(m.step for m in metrics) == [0, 1]
+
+    (tmp_path / "mixed.jsonl").write_text(files["heldout"].read_text() + files["pool"].read_text().splitlines()[0])
+    bad = load_config(TrainConfig, None, [*overrides[:-3], f"heldout.task_file={tmp_path / 'mixed.jsonl'}",
+                                          f"output_dir={tmp_path / 'bad'}"])
+    with pytest.raises(ConfigError, match=r"heldout.task_file .*mixed.jsonl shares 1 questions with the training pool"):
+        Trainer(bad, engine=vllm_engine)

