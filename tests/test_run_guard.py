@@ -296,6 +296,7 @@ def test_an_error_after_the_run_exists_ends_it_failed_with_the_reason(tiny_model
     from mlflow.tracking import MlflowClient
 
     from trace_core.config import load_config
+    from trace_core.failures import RunFailed
     from trace_core.training.config import TrainConfig
     from trace_core.training.trainer import Trainer
 
@@ -307,12 +308,12 @@ def test_an_error_after_the_run_exists_ends_it_failed_with_the_reason(tiny_model
         raise RuntimeError("no device for the engine (injected)")
 
     monkeypatch.setattr(Trainer, "_build_engine", no_engine)
-    with pytest.raises(RuntimeError, match="injected"):
+    with pytest.raises(RunFailed, match=r"cause: RuntimeError: no device for the engine \(injected\)") as failed:
         Trainer(cfg)
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("trainer-tests").experiment_id])
     assert run.info.status == "FAILED"
-    assert run.data.tags["tracking.failure"] == "RuntimeError: no device for the engine (injected)"
+    assert run.data.tags["tracking.failure"] == str(failed.value)  # the plain message, as the console shows it
 
 
 def test_a_caller_s_run_ends_failed_when_the_trainer_refuses_its_inputs(tmp_path, monkeypatch) -> None:

@@ -6,14 +6,22 @@
 
 Nothing heavy is imported before the arguments are parsed: ``--help`` answers at once. A bad input
 (a configuration value, a path, the data, a prompt too long, an output_dir another run holds) is
-refused before any work, in one line on stderr with exit status 2 (:func:`refused_before_work`).
+refused before any work, in one line on stderr with exit status 2
+(:func:`~trace_core.failures.refused_before_work`). A failure once work has started (a full disk, a
+dead engine) ends with one plain message on stderr, exit status 1: what failed, the cause, the
+last complete checkpoint, the command that resumes and the log file that holds the traceback
+(:mod:`trace_core.failures`); ``--debug`` prints the traceback too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import traceback
+
+from trace_core.failures import refused_before_work
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +45,12 @@ def main(argv: list[str] | None = None) -> int:
                            epilog=f"Example:\n  {examples[name]}\n\nOverrides are dotted keys of TrainConfig.")
         p.add_argument("--config", help="YAML file with TrainConfig fields (defaults otherwise)")
         p.add_argument("overrides", nargs="*", help="key=value overrides, applied after the file")
+        if name == "train":
+            p.add_argument("--debug", action="store_true",
+                           help="on a failure, print its traceback on stderr too (it is always in "
+                                "<output_dir>/failure.log)")
     _add_deliver(sub)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.command == "deliver":
         return _deliver(args)
@@ -63,34 +76,28 @@ def main(argv: list[str] | None = None) -> int:
     except refused_before_work() as err:
         print(f"trace-rl: {one_line(err)}", file=sys.stderr)
         return 2
-    from trace_core.training.trainer import train
+    from trace_core.failures import RunFailed, run_failed
+    from trace_core.training.trainer import latest_checkpoint, train
 
-    try:
-        summary = train(cfg)  # the trainer checks again and holds the same lock (this process's) for its run
+    resume = shlex.join(["trace-rl", *argv])
+    try:  # the trainer checks again and holds the same lock (this process's) for its run
+        summary = train(cfg, resume_command=resume)
     except refused_before_work() as err:  # a bad input, found before any work: one line, no traceback
         print(f"trace-rl: {one_line(err)}", file=sys.stderr)
         return 2
+    except Exception as err:  # noqa: BLE001 — every run-time failure ends in one plain message
+        failed = err if isinstance(err, RunFailed) else run_failed(
+            err, during="the run", kept=latest_checkpoint(Path(cfg.output_dir)), output_dir=cfg.output_dir,
+            resume=resume)
+        if args.debug:
+            traceback.print_exception(err, file=sys.stderr)
+        print(f"trace-rl: {failed}", file=sys.stderr, flush=True)
+        return 1
     finally:
         if lock is not None:
             lock.release()
     print(json.dumps({k: summary[k] for k in ("method", "steps", "run_id", "wall_s")}, default=str))
     return 0
-
-
-def refused_before_work() -> tuple[type[BaseException], ...]:
-    """The errors a run raises before any work (nothing trained, no tracking run left RUNNING),
-    each a bad input the message names: a configuration value or path
-    (:class:`~trace_core.config.ConfigError`), invalid data
-    (:class:`~trace_core.data.reading.DataValidationError`), a tracking store that cannot take the
-    run, an output_dir another process writes or whose checkpoint is another configuration's
-    (:class:`~trace_core.training.run_guard.RunRefused`). Entry points report them in one line
-    with exit status 2."""
-    from trace_core.config import ConfigError
-    from trace_core.data.reading import DataValidationError
-    from trace_core.tracking import TrackingStoreError
-    from trace_core.training.run_guard import RunRefused
-
-    return ConfigError, DataValidationError, TrackingStoreError, RunRefused
 
 
 def one_line(err: BaseException) -> str:

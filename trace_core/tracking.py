@@ -7,16 +7,20 @@ sends it; a record leaves the spool only once the store has confirmed it. So:
 * a store that cannot take the run's records is an error when the tracker is built, before any
   work (:meth:`MLflowTracker.preflight`, naming the URI and the reason); only an HTTP server that is
   down then is waited for, with a warning;
-* a store that fails later (server down, database locked or unwritable, local or not) never stops
-  training and loses nothing: records wait in the spool and are sent when it is back (retried at
-  most every ``retry_interval_s``);
+* a store that fails later (server down, database locked, unwritable or full, local or not) never
+  stops training and loses nothing: records wait in the spool and are sent when it is back
+  (retried at most every ``retry_interval_s``). An outage is two lines on stderr, one when it
+  starts (the reason) and one when it ends (how long, how many records were spooled meanwhile and
+  delivered): MLflow's own traceback of each failed request is dropped (:func:`store_logs_quiet`);
 * a value the store refuses as invalid (MLflow's ``INVALID_PARAMETER_VALUE``, e.g. a param
   re-logged with another value) is that value's fault, and no retry mends it: it alone is set
   aside in ``rejected.jsonl``, counted (:attr:`MLflowTracker.rejected`, the run tag
   ``tracking.rejected_values``) and reported on stderr, and the records after it go on;
 * the run's status travels in the spool with its records: :func:`tracked_run` ends a run FAILED on
   an exception (with the reason as the tag ``tracking.failure``) and KILLED on SIGTERM/SIGINT, and
-  reopens a resumed run as RUNNING;
+  reopens a resumed run as RUNNING. A spool that cannot be written (a full disk) fails the record
+  being logged, except the run's tags and status, which then go to the store from memory, so
+  that a run stopped by its own full spool still ends FAILED with the reason;
 * one process writes a spool at a time: a second tracker on it in another process is refused at
   once, naming the holder's pid (:mod:`trace_core.locks`); a new sqlite store is created by one
   process at a time (:func:`store_lock`);
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -50,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trace_core.failures import RunFailed
 from trace_core.locks import LOCK_NAME, HeldLock, LockHeld, hold, lead_process
 from trace_core.locks import exclusive as exclusive_lock
 
@@ -62,7 +68,7 @@ RUNNING = "RUNNING"
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 INVALID = "INVALID_PARAMETER_VALUE"  # MLflow's error code for a request it refuses as invalid
 REJECTED_TAG = "tracking.rejected_values"
-FAILURE_TAG = "tracking.failure"  # why a run ended FAILED (the exception, in one line)
+FAILURE_TAG = "tracking.failure"  # why a run ended FAILED (a RunFailed's message; other exceptions in one line)
 # The tracking stores MLflow itself knows ("": a local folder); SQLAlchemy URIs may name a driver
 # (postgresql+psycopg2://).
 STORE_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
@@ -265,10 +271,16 @@ class Spool:
 
 
 def _append_lines(path: Path, lines: list[str]) -> None:
-    with path.open("a") as f:
-        f.write("".join(line + "\n" for line in lines))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with path.open("a") as f:
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        # A failed write names no file (a full disk at flush): the error says which file it was.
+        raise OSError(err.errno, err.strerror, str(path)) from err
 
 
 def _end_torn_line(path: Path) -> None:
@@ -313,6 +325,9 @@ class MLflowTracker:
         self._client: Any = None
         self._next_retry = 0.0
         self._failing: str | None = None  # why delivery stopped last (None: it did not)
+        # since when delivery fails: (monotonic time, the next seq then, records delivered then)
+        self._outage: tuple[float, int, int] | None = None
+        self._unspooled: list[dict[str, Any]] = []  # tags and statuses the spool could not take, not yet sent
         self.delivered = 0  # records the store confirmed through this tracker
         self.rejected = self._spool.rejected_count()  # values the store refused as invalid, in all
         self._rejected_tagged = self.rejected
@@ -349,6 +364,10 @@ class MLflowTracker:
 
     # ---------------------------------------------------------------- start-up check
     def preflight(self) -> None:
+        with store_logs_quiet():
+            self._preflight()
+
+    def _preflight(self) -> None:
         """Prove that the store takes this run's records, before any work: create the run (or find
         the resumed one), make a write that changes nothing, check that a local artifact location
         can be written, then deliver what an earlier process left in the spool. Raises
@@ -373,6 +392,7 @@ class MLflowTracker:
               f"records wait in the spool {self.spool} until the server is back (retried every "
               f"{self.config.retry_interval_s:g} s)")
         self._failing = reason
+        self._outage = (time.monotonic(), self._seq - len(self._pending), self.delivered)
         self._next_retry = time.monotonic() + self.config.retry_interval_s
 
     def _probe(self, client: Any) -> None:
@@ -468,6 +488,7 @@ class MLflowTracker:
         # must not leave that record out of the count below.
         self._hold_spool()
         self._pending, self._seq = self._spool.unacked()
+        self._pending += self._unspooled
         self.flush()  # first, so that the rejection count below includes every record before the end
         self._tag_rejections()
         self._append("status", status=status)
@@ -490,7 +511,17 @@ class MLflowTracker:
         self._hold_spool()
         rec = {"seq": self._seq, "kind": kind, **payload}
         self._seq += 1
-        self._spool.append(rec)
+        try:
+            self._spool.append(rec)
+        except OSError as err:
+            if kind not in ("tags", "status"):
+                raise
+            # How the run ends (and why) must reach the store even when the spool's disk is full:
+            # sent from memory, and sending a tag or a status again is harmless.
+            if not self._unspooled:
+                _warn(f"the spool {self.spool} cannot be written ({_reason(err)}): the run's tags and status "
+                      "go to the store without it")
+            self._unspooled.append(rec)
         self._pending.append(rec)
 
     def _tag_rejections(self) -> None:
@@ -527,6 +558,10 @@ class MLflowTracker:
         """Send the pending records in order; True when none is left. A store failure keeps them all
         (tried again on a later call); a value the store refuses as invalid is set aside
         (:meth:`_send_values`) and the records after it go on."""
+        with store_logs_quiet():
+            return self._flush()
+
+    def _flush(self) -> bool:
         if not self._pending:
             return True
         if not self.server_reachable():
@@ -552,8 +587,11 @@ class MLflowTracker:
             self._confirm(batch)
             one_by_one = False
         if self._failing is not None:
-            _warn(f"{self.config.tracking_uri} takes records again: the spool {self.spool} is delivered")
-            self._failing = None
+            since, seq, delivered = self._outage or (time.monotonic(), self._seq, self.delivered)
+            _warn(f"{self.config.tracking_uri} takes records again after {time.monotonic() - since:.0f} s: "
+                  f"{self._seq - seq} records were spooled meanwhile, and {self.delivered - delivered} waiting "
+                  f"records are delivered from the spool {self.spool}")
+            self._failing, self._outage = None, None
         return True
 
     def _send_values(self, client: Any, rec: dict[str, Any]) -> bool:
@@ -582,13 +620,17 @@ class MLflowTracker:
         return True
 
     def _confirm(self, batch: list[dict[str, Any]]) -> None:
-        self._spool.ack(batch)
+        with contextlib.suppress(OSError):  # a full disk: the store has them, and takes a resend as a duplicate
+            self._spool.ack(batch)
+        sent = {id(r) for r in batch}
+        self._unspooled = [r for r in self._unspooled if id(r) not in sent]
         del self._pending[: len(batch)]
         self.delivered += len(batch)
 
     def _stalled(self, reason: str) -> bool:
         self._next_retry = time.monotonic() + self.config.retry_interval_s
         if self._failing is None:  # once per outage, not at every retry
+            self._outage = (time.monotonic(), self._seq - len(self._pending), self.delivered)
             _warn(f"cannot deliver to {self.config.tracking_uri} ({reason}): {self.pending} records wait in "
                   f"the spool {self.spool} (retried every {self.config.retry_interval_s:g} s)")
         self._failing = reason
@@ -677,6 +719,39 @@ def _check_local_artifacts(artifact_uri: str) -> None:
         raise NotADirectoryError(f"artifact location {path} cannot be created: {probe} is not a writable folder")
 
 
+# MLflow's loggers that print a whole traceback for a request the store fails (its database layer
+# logs each SQLAlchemy error before raising it), or a line per HTTP retry.
+STORE_ERROR_LOGGERS = ("mlflow.store.db.utils", "urllib3.connectionpool")
+
+
+class _DropStoreErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.WARNING
+
+
+_DROP_STORE_ERRORS = _DropStoreErrors()
+_quiet_depth = 0
+
+
+@contextlib.contextmanager
+def store_logs_quiet() -> Iterator[None]:
+    """While the tracker talks to the store, MLflow's own warnings and error tracebacks about a
+    failing request are dropped (:data:`STORE_ERROR_LOGGERS`): the tracker reports each outage
+    itself, once when it starts and once when it ends, and the error it raises says why."""
+    global _quiet_depth
+    if _quiet_depth == 0:
+        for name in STORE_ERROR_LOGGERS:
+            logging.getLogger(name).addFilter(_DROP_STORE_ERRORS)
+    _quiet_depth += 1
+    try:
+        yield
+    finally:
+        _quiet_depth -= 1
+        if _quiet_depth == 0:
+            for name in STORE_ERROR_LOGGERS:
+                logging.getLogger(name).removeFilter(_DROP_STORE_ERRORS)
+
+
 def _warn(message: str) -> None:
     print(f"trace-rl tracking: {message}", file=sys.stderr, flush=True)
 
@@ -748,8 +823,8 @@ def end_after(tracker: Tracker, err: BaseException) -> None:
     cannot be built)."""
     status = _status_after(err)
     if status == "FAILED":
-        try:
-            tracker.set_tags({FAILURE_TAG: _reason(err)})
+        try:  # a run-time failure's plain message, as its entry point prints it; otherwise the error's line
+            tracker.set_tags({FAILURE_TAG: str(err) if isinstance(err, RunFailed) else _reason(err)})
         except Exception as tag_err:  # noqa: BLE001 — the error that ended the run matters more
             _warn(f"could not record why the run failed: {_reason(tag_err)}")
     _end(tracker, status)

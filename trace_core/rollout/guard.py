@@ -8,6 +8,9 @@ traceback nor hang the run forever. :class:`GuardedEngine` wraps any :class:`Rol
   ``EngineFault`` naming the call and the original error (chained). After a fault the engine is
   marked broken and every later call raises at once: its state is unknown, so nothing more is
   generated with it.
+- **death**: an engine whose process can die (``inner.death()`` says why, in words) is watched
+  too: a death during a ``poll`` stops the call at once (the same signal as a hang), and any fault
+  after it names the death rather than the engine's own generic error.
 - **hang**: a daemon watchdog thread times each ``poll``. When one runs past ``poll_timeout_s`` it
   sends SIGUSR1 to the main thread, whose handler (installed when the guard is built on the main
   thread) raises inside the stuck call — a real signal wakes blocking waits and sleeps, which a
@@ -66,6 +69,7 @@ class GuardedEngine:
         self.broken: str | None = None  # the fault that broke it
         self._poll_started: float | None = None
         self._timed_out = False
+        self._died: str | None = None  # the engine process's death, seen by the watchdog during a poll
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
@@ -85,6 +89,8 @@ class GuardedEngine:
         try:
             return self._call("poll", self.inner.poll)
         except _EngineHung:
+            if self._died is not None:
+                raise self._fail(f"the rollout engine failed in poll: {self._died}") from None
             raise self._fail(f"the rollout engine hung: one engine step (poll) did not return within "
                              f"{self.config.poll_timeout_s:g} s") from None
         finally:
@@ -128,7 +134,13 @@ class GuardedEngine:
         except (EngineFault, _EngineHung, KeyboardInterrupt):
             raise
         except Exception as err:  # noqa: BLE001 - any engine error is a fault of the engine
-            raise self._fail(f"the rollout engine failed in {name}: {type(err).__name__}: {err}") from err
+            cause = self._death() or f"{type(err).__name__}: {err}"
+            raise self._fail(f"the rollout engine failed in {name}: {cause}") from err
+
+    def _death(self) -> str | None:
+        """Why the engine's process died (None: it did not, or the engine cannot tell)."""
+        death = getattr(self.inner, "death", None)
+        return death() if callable(death) else None
 
     def _watch(self) -> None:
         interrupted_at: float | None = None
@@ -139,8 +151,9 @@ class GuardedEngine:
                 if started is None:
                     interrupted_at = None
                     continue
-                if not self._timed_out and now - started > self.config.poll_timeout_s:
-                    self._timed_out, interrupted_at = True, now
+                died = None if self._timed_out else self._death()
+                if not self._timed_out and (died is not None or now - started > self.config.poll_timeout_s):
+                    self._timed_out, self._died, interrupted_at = True, died, now
                     signal.pthread_kill(self._main, signal.SIGUSR1)
                     continue
             if interrupted_at is not None and now - interrupted_at > self.config.hard_exit_after_s:

@@ -163,6 +163,19 @@ class VLLMEngine:
 
     # -- extras --------------------------------------------------------------------------------
 
+    def death(self) -> str | None:
+        """Why the engine core's process is gone, in words (None: it runs, or it runs in this
+        process). vLLM notices the death in a monitor thread, but a step already waiting for the
+        core's output waits on: the guard's watchdog asks this to stop such a step at once."""
+        if not self.config.multiprocess or self._closed:
+            return None
+        resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
+        if resources is None or not getattr(resources, "engine_dead", False):
+            return None
+        processes = getattr(getattr(resources, "engine_manager", None), "processes", [])
+        gone = [f"{p.name} (pid {p.pid}) {_exit_in_words(p.exitcode)}" for p in processes if p.exitcode is not None]
+        return f"its engine core process died: {', '.join(gone) or 'it exited'}"
+
     def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix block (benchmarks use this to measure cold prefills)."""
         self._check_open()
@@ -191,6 +204,14 @@ class VLLMEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _exit_in_words(code: int) -> str:
+    if code < 0:
+        import signal
+
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}"
 
 
 def _sampling_params(req: GenerationRequest):

@@ -17,6 +17,9 @@ checkpoint) and logs the estimates beside what the rollouts generated.
 
 A step is logged only after its checkpoint is written, and the tracker's spool resends what a
 crash left unsent, so a resumed run continues the same MLflow run with no step missing or twice.
+Any error once the tracking run exists leaves as one :class:`~trace_core.failures.RunFailed`
+(the step, what it was writing, the cause in words, the last complete checkpoint, the command that
+resumes), which is also the run's failure tag.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 from trace_core.allocation import BudgetSpec, get_method
 from trace_core.config import ConfigError, flatten
 from trace_core.costs import expected_anchor_fraction, expected_root_tokens, expected_turns
+from trace_core.failures import RunFailed, doing, refused_before_work, run_failed
 from trace_core.history import PromptHistory
 from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, is_success, pass_at_1, step_metrics
 from trace_core.rollout.agent import render_prompt
@@ -48,7 +52,7 @@ from trace_core.rollout.executor import (
     expansion_of,
     merge_results,
 )
-from trace_core.rollout.guard import EngineFault, EngineGuardConfig, GuardedEngine
+from trace_core.rollout.guard import EngineGuardConfig, GuardedEngine
 from trace_core.seeding import derive_seed
 from trace_core.token_budget import (
     TokenLedger,
@@ -184,9 +188,11 @@ class StepOutput:
 class Trainer:
     """Builds everything from a :class:`TrainConfig` and runs (or resumes) the step loop."""
 
-    def __init__(self, cfg: TrainConfig, tracker: Tracker | None = None, engine: Any = None) -> None:
+    def __init__(self, cfg: TrainConfig, tracker: Tracker | None = None, engine: Any = None,
+                 resume_command: str | None = None) -> None:
         """``engine``: an already running rollout engine to reuse (its weights are replaced by the
-        policy's); None builds one from ``cfg.engine``.
+        policy's); None builds one from ``cfg.engine``. ``resume_command``: the command that
+        resumes this run, named when it fails (None: "rerun the same command").
 
         Every check comes before any work (:mod:`~trace_core.training.run_guard`): the paths, then
         the output_dir's writer lock (held until :meth:`run` ends), then whether its checkpoint is
@@ -195,6 +201,7 @@ class Trainer:
         with the reason."""
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
+        self.resume_command = resume_command
         self._lock = None
         try:
             check_inputs(cfg)
@@ -209,7 +216,12 @@ class Trainer:
             self._release_output_dir()
             raise
         try:
-            self._build(cfg, engine)
+            try:
+                self._build(cfg, engine)
+            except Exception as err:
+                if isinstance(err, refused_before_work()):
+                    raise
+                raise self._run_failed(err, "start-up (the engine, the policy)") from err
         except BaseException as err:
             end_after(self.tracker, err)  # the run exists: it ends FAILED (KILLED on a signal), with the reason
             self._release_output_dir()
@@ -630,22 +642,29 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, Any]:
-        """Run (or resume) to ``cfg.steps``. The tracked run is RUNNING meanwhile and ends FAILED on an
-        exception (re-raised), KILLED on SIGTERM/SIGINT (:func:`~trace_core.tracking.tracked_run`)."""
+        """Run (or resume) to ``cfg.steps``. The tracked run is RUNNING meanwhile and ends KILLED on
+        SIGTERM/SIGINT (:func:`~trace_core.tracking.tracked_run`), FAILED on an exception, which
+        leaves as a :class:`~trace_core.failures.RunFailed` (a crashed or hung engine included:
+        it is not retried in this process, whose engine state is unknown)."""
         try:
             with tracked_run(self.tracker):
                 try:
                     return self._run()
-                except EngineFault as fault:
-                    latest = self._latest_checkpoint()
-                    where = (f"the last complete checkpoint is {latest.name}" if latest is not None
-                             else "no checkpoint was written yet")
-                    raise EngineFault(f"step {self.state.step}: {fault}; the run stops ({where}): fix the engine "
-                                      "and rerun the same command to resume") from fault
+                except Exception as err:
+                    if isinstance(err, refused_before_work()):
+                        raise
+                    activity = getattr(self, "_activity", "the run")  # the step (its phase has ended by now)
+                    raise self._run_failed(err, getattr(activity, "label", str(activity))) from err
                 finally:
                     self.engine.stop_watchdog()  # the engine may outlive this trainer (a caller's engine)
         finally:
             self._release_output_dir()  # the run is over: another process may resume it now
+
+    def _run_failed(self, err: BaseException, during: str) -> RunFailed:
+        """``err`` in plain words (:func:`~trace_core.failures.run_failed`), with the last complete
+        checkpoint and the command that resumes; its traceback goes to the run folder's log."""
+        return run_failed(err, during=during, kept=self._latest_checkpoint(), output_dir=self.out,
+                          resume=self.resume_command)
 
     def _reached(self, boundary: str, step: int) -> None:
         """Called at each phase boundary of a step (``trees_saved``, ``checkpointed``, ``logged``):
@@ -695,10 +714,13 @@ class Trainer:
             self.state.pending.append({"step": step, "timestamp": int(time.time() * 1000), "metrics": metrics})
             # Every tree of the step, and its allocation, on disk before the checkpoint that
             # records them as pending: a crash after it loses neither.
-            save_trees(self.out / "trees" / f"step{step:05d}.jsonl.gz", trees)
+            trees_file = self.out / "trees" / f"step{step:05d}.jsonl.gz"
+            with doing("writing the step's trees", trees_file):
+                save_trees(trees_file, trees)
             alloc_file = self.out / "allocations" / f"step{step:05d}.json"
-            alloc_file.parent.mkdir(parents=True, exist_ok=True)
-            alloc_file.write_text(json.dumps({"step": step, **allocation}))
+            with doing("writing the step's allocation", alloc_file):
+                alloc_file.parent.mkdir(parents=True, exist_ok=True)
+                alloc_file.write_text(json.dumps({"step": step, **allocation}))
             self.state.pending_files += [[f"trees/step{step:05d}.jsonl.gz", "trees"],
                                          [f"allocations/step{step:05d}.json", "allocations"]]
             self._reached("trees_saved", step)
@@ -707,11 +729,12 @@ class Trainer:
             if self._heldout_due(self.state.step):
                 self.measure_heldout(self.state.step)
             if self.state.step % cfg.checkpoint_every == 0 or self.state.step == cfg.steps:
-                with self.profiler.phase("checkpoint"):
+                with self.profiler.phase("checkpoint"), \
+                        doing(f"writing checkpoint step_{self.state.step:06d}", self._ckpt_root):
                     self._save_checkpoint()
                 self._reached("checkpointed", step)
-                with self.profiler.phase("logging"):  # only what a checkpoint already holds
-                    self._log_pending()
+                with self.profiler.phase("logging"), doing("spooling the step's records", self.out / SPOOL_DIR):
+                    self._log_pending()  # only what a checkpoint already holds
                 self._reached("logged", step)
             last = metrics
             bar.set_postfix(eff=f"{out['effective_ratio']:.2f}", reward=f"{out['reward/mean']:.2f}")
@@ -758,11 +781,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _latest_checkpoint(self) -> Path | None:
-        pointer = self._ckpt_root / "latest"
-        if not pointer.is_file():
-            return None
-        path = self._ckpt_root / pointer.read_text().strip()
-        return path if (path / STATE_FILE).is_file() else None
+        return latest_checkpoint(self.out)
 
     def _save_checkpoint(self) -> None:
         tag = f"step_{self.state.step:06d}"
@@ -851,10 +870,21 @@ def next_pool(order: list[int], epoch: int, position: int, size: int, seed: int
     return pool, order, epoch, position
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Build a :class:`Trainer` and run it to ``cfg.steps`` (resuming if a checkpoint exists)."""
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The last complete checkpoint of the run in ``output_dir`` (None: none yet)."""
+    root = Path(output_dir) / "checkpoints"
+    pointer = root / "latest"
+    if not pointer.is_file():
+        return None
+    path = root / pointer.read_text().strip()
+    return path if (path / STATE_FILE).is_file() else None
+
+
+def train(cfg: TrainConfig, resume_command: str | None = None) -> dict[str, Any]:
+    """Build a :class:`Trainer` and run it to ``cfg.steps`` (resuming if a checkpoint exists);
+    ``resume_command`` is named in the message of a failure (:class:`~trace_core.failures.RunFailed`)."""
     t0 = time.perf_counter()
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, resume_command=resume_command)
     summary = trainer.run()
     summary["wall_s"] = time.perf_counter() - t0
     return summary
