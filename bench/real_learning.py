@@ -96,8 +96,8 @@ def run_settings(method: str, seed: int, args: argparse.Namespace, identity: dic
     """Everything a run's figures depend on besides the code."""
     return {"method": method, "seed": seed, "steps": args.steps, "lr": args.lr, "roots_M": args.roots_M,
             "expansion_N": args.expansion_N, "group_size_G": args.group_size, "max_m": args.max_m,
-            "heldout_k": args.heldout_k, "heldout_at": measure_steps(args.steps, args.measurements),
-            "policy": identity["weights_digest"]}
+            "heldout_k": args.heldout_k, "dtype": args.dtype,
+            "heldout_at": measure_steps(args.steps, args.measurements), "policy": identity["weights_digest"]}
 
 
 def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
@@ -117,7 +117,7 @@ def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
         f"heldout.task_file={warm / 'tasks' / 'heldout.jsonl'}", f"heldout.samples={settings['heldout_k']}",
         f"heldout.at_steps={[s for s in settings['heldout_at'] if s < settings['steps']]}", "heldout.at_end=true",
         f"tracking.tracking_uri=sqlite:///{Path(args.work).resolve() / 'mlflow.db'}",
-        "tracking.experiment=bench-real-learning",
+        "tracking.experiment=bench-real-learning", f"policy.dtype={settings['dtype']}",
     ]
 
 
@@ -250,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--expansion-N", dest="expansion_N", type=int, default=1)
     run.add_argument("--group-size", type=int, default=4, help="G")
     run.add_argument("--max-m", type=int, default=8, help="M_max")
+    run.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
+                     help="the policy update's precision (DeepSpeed bf16: bfloat16 weights and activations, "
+                          "float32 master weights in the optimizer); bfloat16 makes the CPU update cheaper")
     run.add_argument("--heldout-k", type=int, default=4, help="samples per held-out question (the start's k)")
     run.add_argument("--measurements", type=int, default=1, help="held-out measurements after the start, evenly "
                      "spaced (each costs k rollouts of every held-out question)")

@@ -15,7 +15,8 @@ question by question. Reports:
 Aims (the task's calibration, reported, not tuned against): GRPO's expected effective ratio on
 the pool in [0.15, 0.45]; no interior bin above half of the mixed questions.
 
-Writes ``bench/results/real_policy.json`` and ``.png``. Example (the warm start, then this
+Writes ``bench/results/real_policy.json`` and ``.png`` (the trees under ``OUT/measure/``). Example (the warm
+start, then this
 measurement)::
 
     python -m trace_core.warmstart.pretrained --out runs/smollm2   # the warm start (~25 min)
@@ -36,8 +37,10 @@ from typing import Any
 ENGINE_KV_BYTES = 1 << 30
 
 
-def rollout_counts(policy: Path, tasks: list, k: int, seed_name: str, agent) -> tuple[dict[str, int], dict]:
-    """Per-question successes of ``k`` rollouts each, and the run's cost figures."""
+def rollout_counts(policy: Path, tasks: list, k: int, seed_name: str, agent,
+                   trees_file: Path | None = None) -> tuple[dict[str, int], dict]:
+    """Per-question successes of ``k`` rollouts each, and the run's cost figures; the trees go to
+    ``trees_file`` when given (what a predictor is fitted and judged on)."""
     import numpy as np
     from transformers import AutoTokenizer
 
@@ -58,6 +61,11 @@ def rollout_counts(policy: Path, tasks: list, k: int, seed_name: str, agent) -> 
         wall = time.perf_counter() - t0
     finally:
         engine.close()
+    if trees_file is not None:
+        from trace_core.tree import save_trees
+
+        trees_file.parent.mkdir(parents=True, exist_ok=True)
+        save_trees(trees_file, res.trees)
     counts = {t.prompt_id: int(is_success(t.outcomes()).sum()) for t in res.trees}
     cost = {"wall_s": wall, "rollouts": res.stats.trajectories, "generated_tokens": res.stats.generated_tokens,
             "turns_per_rollout": res.stats.turns / max(1, res.stats.trajectories),
@@ -132,9 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     report = json.loads((args.out / "report.json").read_text())
     pool_tasks = load_tasks(args.out / "tasks" / "pool.jsonl")
     held_tasks = load_tasks(args.out / "tasks" / "heldout.jsonl")
-    pool_counts, pool_cost = rollout_counts(policy, pool_tasks, args.pool_k, "real-policy-pool", PRETRAINED_AGENT)
+    pool_counts, pool_cost = rollout_counts(policy, pool_tasks, args.pool_k, "real-policy-pool", PRETRAINED_AGENT,
+                                            args.out / "measure" / "pool_trees.jsonl.gz")
     spread = Spread(args.pool_k, pool_counts)
-    held_counts, held_cost = rollout_counts(policy, held_tasks, args.heldout_k, "heldout", PRETRAINED_AGENT)
+    held_counts, held_cost = rollout_counts(policy, held_tasks, args.heldout_k, "heldout", PRETRAINED_AGENT,
+                                            args.out / "measure" / "heldout_trees.jsonl.gz")
     held = pass_at_1(held_counts, args.heldout_k)
     pool_break = breakdown(pool_counts, args.pool_k, pool_tasks)
     aims = {"grpo effective ratio (G = k) in [0.15, 0.45]": 0.15 <= spread.grpo_effective_ratio <= 0.45,
