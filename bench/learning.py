@@ -197,13 +197,9 @@ def opened_prompts(out: Path) -> list[dict]:
     return opened
 
 
-def run_one(variant: str, seed: int, args: argparse.Namespace, engine: SharedEngine, settings: dict,
-            commit: str | None, tasks_heldout) -> dict:
-    from trace_core.config import load_config
-    from trace_core.training.config import TrainConfig
-    from trace_core.training.trainer import Trainer
-
-    out = Path(args.work) / f"{variant}-seed{seed}"
+def claim_run_folder(out: Path, commit: str | None, settings: dict) -> None:
+    """Keep ``out`` when it holds a run of this commit and these settings (it resumes from its
+    checkpoint); otherwise empty it and mark it as theirs."""
     started = out / "bench_settings.json"
     if not (started.is_file() and json.loads(started.read_text()) == {"commit": commit, "settings": settings}):
         import shutil
@@ -211,6 +207,16 @@ def run_one(variant: str, seed: int, args: argparse.Namespace, engine: SharedEng
         shutil.rmtree(out, ignore_errors=True)  # another run's folder: start over
         out.mkdir(parents=True)
         started.write_text(json.dumps({"commit": commit, "settings": settings}))
+
+
+def run_one(variant: str, seed: int, args: argparse.Namespace, engine: SharedEngine, settings: dict,
+            commit: str | None, tasks_heldout) -> dict:
+    from trace_core.config import load_config
+    from trace_core.training.config import TrainConfig
+    from trace_core.training.trainer import Trainer
+
+    out = Path(args.work) / f"{variant}-seed{seed}"
+    claim_run_folder(out, commit, settings)
     cfg = load_config(TrainConfig, args.config, overrides(args, variant, seed, out, settings["measure_at"]))
     t0 = time.perf_counter()
     trainer = Trainer(cfg, engine=engine.get())

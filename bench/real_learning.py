@@ -122,19 +122,14 @@ def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
 
 
 def run_one(args: argparse.Namespace, settings: dict, commit: str | None, start: dict) -> dict:
+    from bench.learning import claim_run_folder
     from bench.train_compare import tree_is_dirty
     from trace_core.config import load_config
     from trace_core.training.config import TrainConfig
     from trace_core.training.trainer import Trainer
 
     out = Path(args.work) / f"{settings['method']}-seed{settings['seed']}"
-    started = out / "bench_settings.json"
-    if not (started.is_file() and json.loads(started.read_text()) == {"commit": commit, "settings": settings}):
-        import shutil
-
-        shutil.rmtree(out, ignore_errors=True)  # another run's folder: start over
-        out.mkdir(parents=True)
-        started.write_text(json.dumps({"commit": commit, "settings": settings}))
+    claim_run_folder(out, commit, settings)
     cfg = load_config(TrainConfig, None, overrides(args, settings, out))
     t0 = time.perf_counter()
     trainer = Trainer(cfg)

@@ -387,13 +387,9 @@ class Trainer:
         record = {"step": float(step), "success": float(np.mean(list(per_prompt.values()))),
                   "rollouts": float(result.stats.trajectories),
                   "generated_tokens": float(result.stats.generated_tokens)}
-        path = self.out / "pool_success" / f"step{step:05d}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**record, "samples": ps.samples, "per_prompt": per_prompt}))
-        self.state.pool_success.append(record)
-        self.state.pending.append({"step": step, "timestamp": int(time.time() * 1000),
-                                   "metrics": {"pool/success": record["success"], "pool/rollouts": record["rollouts"]}})
-        self.state.pending_files.append([f"pool_success/step{step:05d}.json", "pool_success"])
+        self._keep_measurement("pool_success", step, record, {"samples": ps.samples, "per_prompt": per_prompt},
+                               {"pool/success": record["success"], "pool/rollouts": record["rollouts"]},
+                               self.state.pool_success)
         return record
 
     def _read_heldout_tasks(self, where: dict[str, str]) -> list[Task]:
@@ -423,14 +419,20 @@ class Trainer:
         record = {"step": float(step), "pass_at_1": p.value, "se": p.se, "questions": float(p.questions),
                   "rollouts": float(result.stats.trajectories),
                   "generated_tokens": float(result.stats.generated_tokens)}
-        path = self.out / "heldout" / f"step{step:05d}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**record, "samples": h.samples, "successes": successes}))
-        self.state.heldout.append(record)
-        self.state.pending.append({"step": step, "timestamp": int(time.time() * 1000),
-                                   "metrics": {"heldout/pass_at_1": p.value, "heldout/se": p.se}})
-        self.state.pending_files.append([f"heldout/step{step:05d}.json", "heldout"])
+        self._keep_measurement("heldout", step, record, {"samples": h.samples, "successes": successes},
+                               {"heldout/pass_at_1": p.value, "heldout/se": p.se}, self.state.heldout)
         return record
+
+    def _keep_measurement(self, folder: str, step: int, record: dict[str, float], detail: dict[str, Any],
+                          metrics: dict[str, float], kept: list[dict[str, float]]) -> None:
+        """A measurement's file (``folder/step<step>.json``: the record and its per-question
+        detail), its record in the state and its metrics and file pending for the tracker."""
+        rel = f"{folder}/step{step:05d}.json"
+        (self.out / folder).mkdir(parents=True, exist_ok=True)
+        (self.out / rel).write_text(json.dumps({**record, **detail}))
+        kept.append(record)
+        self.state.pending.append({"step": step, "timestamp": int(time.time() * 1000), "metrics": metrics})
+        self.state.pending_files.append([rel, folder])
 
     def _heldout_due(self, step: int) -> bool:
         h = self.cfg.heldout
