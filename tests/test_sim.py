@@ -621,7 +621,7 @@ def test_uniform_methods_buy_the_groups_the_token_budget_buys():
         r = run_step(name, spec, OraclePredictor(), np.random.default_rng(5))
         assert int(r.pool_m.sum()) == 40 and set(r.pool_m[r.pool_m > 0].tolist()) == {8}, name
         assert r.trajectories == 40 and r.pool_m.size == spec.pool_size
-    with pytest.raises(ValueError, match="under a token budget the simulator runs"):
+    with pytest.raises(ValueError, match="under a token budget a method is token-priced"):
         run_step("trace", spec, OraclePredictor(), np.random.default_rng(5))
     with pytest.raises(ValueError, match="the budget needs tokens_per_step"):
         run_step("trace-tokens", SMALL, OraclePredictor(), np.random.default_rng(5))

@@ -144,7 +144,7 @@ def _spy_on_history(trainer, seen: list) -> None:
             seen.append(history)
             return rule(v, spec, rng, history)
 
-    trainer.method = dataclasses.replace(trainer.method, root_rule=Spy())
+    trainer.method = trainer.planner.method = dataclasses.replace(trainer.method, root_rule=Spy())
 
 
 def test_prompt_history_feeds_the_root_rule_and_survives_a_resume(vllm_engine, tiny_models, server,
@@ -167,16 +167,16 @@ def test_prompt_history_feeds_the_root_rule_and_survives_a_resume(vllm_engine, t
         first = Trainer(load_config(TrainConfig, None, overrides), engine=vllm_engine)
         _spy_on_history(first, seen)
         first.run()
-        saved = first.prompt_history
+        saved = first.planner.history
         resumed = Trainer(load_config(TrainConfig, None, [*overrides, "steps=3"]), engine=vllm_engine)
         assert resumed.state.step == 2
-        fault.check("prompt-history records", 1, int(resumed.prompt_history == saved))
-        assert resumed.prompt_history == saved and len(saved) > 0  # read back from the checkpoint
+        fault.check("prompt-history records", 1, int(resumed.planner.history == saved))
+        assert resumed.planner.history == saved and len(saved) > 0  # read back from the checkpoint
         _spy_on_history(resumed, seen)
         resumed.run()
     finally:
         vllm_engine.load_weights(str(tiny_models[0]))
-    history = resumed.prompt_history
+    history = resumed.planner.history
     assert [view.step for view in seen] == [0, 1, 2]
     for step in range(3):
         alloc = json.loads((out / "allocations" / f"step{step:05d}.json").read_text())

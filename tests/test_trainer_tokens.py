@@ -70,7 +70,7 @@ def test_trace_tokens_plans_in_tokens_spends_allowances_and_keeps_its_ledger_acr
         # a resume to a third step reads the checkpointed ledger, not a fresh one
         cfg3 = load_config(TrainConfig, None, overrides(tiny_models[0], out, server.uri, "trace-tokens", steps=3))
         resumed = Trainer(cfg3, engine=vllm_engine)
-        assert resumed.ledger.to_dict() == ledger
+        assert resumed.planner.ledger.to_dict() == ledger
         resumed.run()
         assert resumed.state.history["tokens/root_cost_expected"][:2] == history["tokens/root_cost_expected"]
         assert resumed.state.token_ledger["costs"]["step"] == 2

@@ -74,9 +74,6 @@ from trace_core.advantages import AdvantageEstimator
 from trace_core.allocation import BudgetSpec, Method, SampledRounds, get_method, sample_in_rounds
 from trace_core.costs import (
     CostModel,
-    expected_anchor_fraction,
-    expected_root_tokens,
-    expected_turns,
     remaining_tokens,
 )
 from trace_core.history import HistoryView, PromptHistory
@@ -89,7 +86,8 @@ from trace_core.metrics import (
     step_metrics,
     tree_is_mixed,
 )
-from trace_core.token_budget import StepCosts, TokenLedger, model_prefix_value, uniform_spec_for_tokens
+from trace_core.planner import RootPlan, StepPlanner
+from trace_core.token_budget import StepCosts, TokenLedger, model_prefix_value
 from trace_core.tree import ROOT, RolloutTree
 
 
@@ -723,46 +721,30 @@ def run_step(
     metrics carry the trainer's names (:func:`simulator_metrics`)."""
     config = config or SimConfig()
     method = get_method(method) if isinstance(method, str) else method
-    H, N = config.horizon_max, spec.expansion_N
+    H = config.horizon_max
     B = spec.pool_size
     token_rng = rng.spawn(1)[0]  # generated tokens only: the step's own stream is left as it was
     ledger = ledger or sim_token_ledger(config)
-    if method.prices_tokens and not spec.prices_tokens:
-        raise ValueError(f"method {method.name!r} prices its step in generated tokens: the budget needs "
-                         "tokens_per_step")
+    planner = StepPlanner(method, spec, ledger, history, explore_fraction)
 
     # ---- candidate pool, shuffled
     prompts, ids, step = _candidates(config, B, pool, history, rng, token_rng)
-    model, costs = ledger.cost_model, ledger.costs
-    root_cost = expected_root_tokens(costs, model, ids, n=B)  # ids None: fresh prompts, the policy's mean
-    turns_est = expected_turns(costs, model, ids, n=B)
 
     # ---- stage 1: roots
     root_batch = HistoryBatch(prompts.feature, np.full((B, H), np.nan), np.zeros(B, dtype=np.int64), prompts.p0)
     v = _checked_scores(predictor.score(root_batch), B, "root")
-    rounds, sampled, plan = 1, None, None
-    view = history.view(ids, step) if (history is not None and method.reads_history) else None
-    if method.prices_tokens:  # stage 1 of the token budget: roots and each prompt's reservation
-        fraction = expected_anchor_fraction(costs, model, turns_est)
-        plan = method.token_rule.plan(v, root_cost, turns_est, fraction, spec, ledger.calibration.rho)
-        m = np.asarray(plan.m, dtype=np.int64)
-    else:
-        if spec.prices_tokens:  # a uniform method at equal tokens: the groups of G the budget buys
-            if method.expands or method.group_filter is not None:
-                raise ValueError(f"method {method.name!r}: under a token budget the simulator runs a token-priced "
-                                 "method, or one without expansion or rounds (as many groups of G as the budget "
-                                 "buys)")
-            spec = uniform_spec_for_tokens(spec, root_cost)
-        if method.group_filter is None:
-            m = np.asarray(method.allocate_roots(v, spec, rng, history=view, explore_fraction=explore_fraction),
-                           dtype=np.int64)
-        else:  # the pre-rollout filter (where there is one) once, then the rounds over what it kept
-            sampled, bare_prompt, bare = _sample_in_rounds(method, v, prompts, spec, config, rng, view)
-            m, rounds = sampled.m, sampled.rounds
-    if method.prices_tokens:  # its stage 2 spends each prompt's allowance instead
-        prefix_budget = np.zeros(B, dtype=np.int64)
-    else:
-        prefix_budget = np.array([method.prefix_budget(mi, N) for mi in m.tolist()], dtype=np.int64)
+    rounds, sampled = 1, None
+    if method.group_filter is None:
+        root_plan = planner.plan_roots(v, ids, step, rng)
+        m, spec = root_plan.m, root_plan.spec
+    else:  # the pre-rollout filter (where there is one) once, then the rounds over what it kept
+        sampled, bare_prompt, bare = _sample_in_rounds(method, v, prompts, spec, config, rng,
+                                                       planner.history_view(ids, step))
+        m, rounds = sampled.m, sampled.rounds
+        root_plan = RootPlan(m, spec, planner.root_costs(ids, n=B))
+    root_cost, plan, allowances = root_plan.root_cost, root_plan.token_plan, root_plan.tokens
+    model, costs = ledger.cost_model, ledger.costs
+    prefix_budget = np.array([planner.prefix_budget(mi) for mi in m.tolist()], dtype=np.int64)
     planned = int(m.sum() + prefix_budget.sum())
     method.check_planned(spec, planned)
     selected = np.flatnonzero(m)
@@ -792,7 +774,7 @@ def run_step(
         realised = np.bincount(bare_prompt, weights=bare_tokens, minlength=B)
         for i, a0, a1, b0, b1 in zip(selected.tolist(), lo.tolist(), hi.tolist(), b_lo.tolist(), b_hi.tolist(),
                                      strict=True):
-            allowance = float(plan.reserved[i]) + float(root_cost[i] * m[i]) - float(realised[i])
+            allowance = allowances.allowance(i, m[i], realised[i])
             spent_i = method.token_rule.spend(p[a0:a1], anchor_reward[a0:a1], anchor_turn[a0:a1], anchor_cost[a0:a1],
                                               bare.reward[b0:b1], float(v[i]), float(root_cost[i]), allowance)
             K[a0:a1] = spent_i.K
@@ -837,23 +819,19 @@ def run_step(
         generated_tokens=int(bare_tokens.sum() + cont.tokens.sum()), bare_tokens=bare_tokens, cont_tokens=cont.tokens,
         token_plan=plan,
     )
-    ledger, token_figures = _next_ledger(ledger, method, v, root_cost, ids, bare_prompt, bare_tokens, prompts,
-                                         anchor_prompt, anchor_reward, anchor_cost, K, cont.from_anchor, cont.prompt,
-                                         cont.start_depth, cont.paths.reward, cont.tokens)
-    result.token_ledger = ledger
+    token_figures = planner.observe_costs(_step_costs(
+        method, v, root_cost, ids, bare_prompt, bare_tokens, prompts, anchor_prompt, anchor_reward, anchor_cost, K,
+        cont.from_anchor, cont.prompt, cont.start_depth, cont.paths.reward, cont.tokens))
+    result.token_ledger = planner.ledger
     if compute_metrics:
         result.metrics = simulator_metrics(result, method.advantage_estimator())
         result.metrics.update(token_figures)
-        if plan is not None:
-            result.metrics.update({
-                "tokens/budget": float(spec.tokens_per_step), "tokens/reservation_share": plan.reservation_share,
-                "tokens/reserved": float(plan.reserved.sum()), "tokens/planned_root_tokens": plan.root_tokens,
-                "tokens/predicted_prefix_value": plan.prefix_value, "tokens/extra_roots": float(root_extra.sum()),
-            })
+        result.metrics.update(planner.token_figures(root_plan, int(root_extra.sum())))
     predictor.update(trees)  # after every score of this step has been used and recorded
     if history is not None:  # the bare root outcomes, with the predictions the allocator used
-        wins = np.bincount(bare_prompt, weights=bare.reward, minlength=B)[selected]
-        history.record(step, ids[selected], wins, m[selected] - wins, v[selected])
+        b_lo, b_hi = _segment_bounds(bare_prompt, selected)
+        planner.record_root_outcomes(step, ids[selected], [bare.reward[a:b] for a, b in zip(b_lo, b_hi, strict=True)],
+                                     v[selected])
     if pool is not None:
         pool.advance(ids[selected[mixed & kept]])
         result.pool_success = pool.success()
@@ -937,15 +915,15 @@ def _continue(
     return _Continuations(prompt, start_depth, from_anchor, paths, tokens)
 
 
-def _next_ledger(
-    ledger: TokenLedger, method: Method, v: np.ndarray, root_cost: np.ndarray, ids: np.ndarray | None,
+def _step_costs(
+    method: Method, v: np.ndarray, root_cost: np.ndarray, ids: np.ndarray | None,
     bare_prompt: np.ndarray, bare_tokens: np.ndarray, prompts: PromptPool, anchor_prompt: np.ndarray,
     anchor_reward: np.ndarray, anchor_cost: np.ndarray, K: np.ndarray,
     cont_from_anchor: np.ndarray, cont_prompt: np.ndarray, cont_start_depth: np.ndarray, cont_reward: np.ndarray,
     cont_tokens: np.ndarray,
-) -> tuple[TokenLedger, dict[str, float]]:
-    """The ledger after the step (:meth:`~trace_core.token_budget.TokenLedger.after_step`), and the
-    cost estimates' figures against what the step generated. A token-priced method's calibration
+) -> StepCosts:
+    """What the step's rollouts cost against their estimates, for the ledger
+    (:meth:`~trace_core.planner.StepPlanner.observe_costs`). A token-priced method's calibration
     pair is the stage-1 model's value of the continuations each prompt ran
     (:func:`~trace_core.token_budget.model_prefix_value`, over the prompt's anchors) and the
     expanded anchors whose branch group holds both outcomes."""
@@ -960,7 +938,7 @@ def _next_ledger(
         anchors = np.bincount(anchor_prompt, minlength=B).astype(np.float64)
         continuations = np.bincount(anchor_prompt, weights=K, minlength=B)
         predicted = float(model_prefix_value(v, anchors, continuations).sum())
-    step = StepCosts(
+    return StepCosts(
         bare_tokens=bare_tokens.astype(np.float64), bare_turns=horizon[bare_prompt].astype(np.float64),
         bare_estimate=root_cost[bare_prompt], bare_prompt_ids=None if ids is None else ids[bare_prompt],
         cont_tokens=cont_tokens[from_anchor].astype(np.float64),
@@ -969,7 +947,6 @@ def _next_ledger(
         cont_root_estimate=root_cost[cont_prompt[from_anchor]], cont_estimate=anchor_cost[a],
         prefix_predicted=predicted, prefix_realised=realised,
     )
-    return ledger.after_step(step)
 
 
 def _sample_in_rounds(

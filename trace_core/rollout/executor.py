@@ -41,34 +41,14 @@ from typing import Any
 import numpy as np
 
 from trace_core.allocation import BudgetSpec, Method, sample_in_rounds
-from trace_core.costs import remaining_tokens
 from trace_core.history import HistoryView
 from trace_core.metrics import is_success, tree_is_mixed
+from trace_core.planner import TokenAllowance
 from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
 from trace_core.rollout.engine import Completion, GenerationRequest, RolloutEngine, Sample, SamplingConfig
 from trace_core.rollout.env import Action, Environment, Episode, Observation, Task, parse_action
 from trace_core.seeding import derive_seed
-from trace_core.token_budget import TokenLedger
 from trace_core.tree import ROOT, RolloutTree
-
-
-@dataclass(frozen=True)
-class TokenAllowance:
-    """What a token-priced step's stage 2 needs from its stage 1 (method §10), one entry per task
-    of the :meth:`TreeRolloutExecutor.run` call: each prompt's allowance is ``reserved[i] +
-    root_cost[i]·m_i −`` its bare rollouts' realised tokens."""
-
-    reserved: np.ndarray  # float64 (tasks,): stage 1's reservation of each task (TokenPlan.reserved)
-    root_cost: np.ndarray  # float64 (tasks,): the expected tokens of one root rollout of each task
-    root_p: np.ndarray  # float64 (tasks,): the root prediction of each task (stage 1's v)
-    ledger: TokenLedger  # the run's costs before the step: an anchor's expected remaining tokens
-
-    def __post_init__(self) -> None:
-        shapes = {np.shape(self.reserved), np.shape(self.root_cost), np.shape(self.root_p)}
-        if len(shapes) != 1 or len(next(iter(shapes))) != 1:
-            raise ValueError(f"reserved, root_cost and root_p need one entry per task each, got shapes {shapes}")
-        if np.any(~np.isfinite(self.root_cost) | (np.asarray(self.root_cost) <= 0)):
-            raise ValueError("root_cost must be finite and > 0: a root rollout's expected tokens")
 
 
 @dataclass(frozen=True)
@@ -423,13 +403,11 @@ class TreeGrowth:
         assert tokens is not None and expansion.method.token_rule is not None
         anchors, p, r, turn = self._anchors(tree, expansion)
         root_cost = float(tokens.root_cost[i])
-        ledger = tokens.ledger
         anchor_cost = np.zeros(0)
         if anchors:
             turns = np.array([tree.bare_length(a) for a in anchors], dtype=np.float64)
-            anchor_cost = remaining_tokens(ledger.costs, ledger.cost_model, np.full(len(anchors), root_cost), turn,
-                                           turns)
-        allowance = float(tokens.reserved[i]) + root_cost * state.m - state.bare_tokens
+            anchor_cost = tokens.anchor_cost(i, turn, turns)
+        allowance = tokens.allowance(i, state.m, state.bare_tokens)
         bare = is_success([tree.trajectory_reward(b.id) for b in tree.bare_trajectories()]).astype(np.float64)
         spend = expansion.method.token_rule.spend(p, r, turn, anchor_cost, bare, float(tokens.root_p[i]), root_cost,
                                                   allowance)

@@ -37,17 +37,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from trace_core.allocation import BudgetSpec, get_method
+from trace_core.allocation import get_method
 from trace_core.config import ConfigError, flatten
-from trace_core.costs import expected_anchor_fraction, expected_root_tokens, expected_turns
+from trace_core.costs import expected_root_tokens
 from trace_core.failures import RunFailed, doing, refused_before_work, run_failed
 from trace_core.history import PromptHistory
 from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, is_success, pass_at_1, step_metrics
+from trace_core.planner import RootPlan, StepPlanner
 from trace_core.rollout.agent import render_prompt
 from trace_core.rollout.env import Task
 from trace_core.rollout.executor import (
     RolloutResult,
-    TokenAllowance,
     TreeRolloutExecutor,
     expansion_of,
     merge_results,
@@ -56,7 +56,6 @@ from trace_core.rollout.guard import EngineGuardConfig, GuardedEngine
 from trace_core.seeding import derive_seed
 from trace_core.token_budget import (
     TokenLedger,
-    TokenPlan,
     ledger_after_rollouts,
     tree_step_costs,
     uniform_groups_for_tokens,
@@ -261,13 +260,13 @@ class Trainer:
         self._prompt_ids: dict[str, list[int]] = {}
         self._check_prompt_lengths([*self.tasks, *self._warmup_tasks, *self._heldout_tasks], where)
         self.state = TrainerState()
-        self.prompt_history = PromptHistory()
         # the first guesses of the cost model, capped by what the agent can generate at all
         agent = cfg.agent
         self._cost_model = replace(cfg.costs,
                                    initial_tokens=min(cfg.costs.initial_tokens, agent.max_new_tokens * agent.max_turns),
                                    initial_turns=min(cfg.costs.initial_turns, agent.max_turns))
-        self.ledger = TokenLedger(self._cost_model)
+        self.planner = StepPlanner(self.method, self.spec, TokenLedger(self._cost_model), PromptHistory(),
+                                   cfg.predictor.explore_fraction)
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.profiler = PhaseProfiler()
@@ -454,8 +453,8 @@ class Trainer:
         save_trees(self.out / "warmup_trees.jsonl.gz", result.trees)
         self.state.pending_files.append(["warmup_trees.jsonl.gz", "warmup"])
         # the same policy's real lengths: step 0 prices its rollouts at them, not at the first guess
-        self.ledger, _ = ledger_after_rollouts(self.ledger, result.trees)
-        self.state.token_ledger = self.ledger.to_dict()
+        self.planner.observe_rollouts(result.trees)
+        self.state.token_ledger = self.planner.ledger.to_dict()
         self.state.warmup = {"rollouts": float(result.stats.trajectories), "questions": float(len(tasks)),
                              "generated_tokens": float(result.stats.generated_tokens),
                              "success": float(np.mean([np.mean(is_success(t.outcomes())) for t in result.trees])),
@@ -473,37 +472,24 @@ class Trainer:
         with prof.phase("predictor_scoring"):
             v = self.predictor.score_histories([self._prompt_tokens(t) for t in pool])
         root_pred = {t.id: float(v[i]) for i, t in enumerate(pool)}
-        ledger = self.ledger  # the costs as they stand before this step's rollouts
+        ledger = self.planner.ledger  # the costs as they stand before this step's rollouts
         ids = [t.id for t in pool]
-        root_cost = expected_root_tokens(ledger.costs, ledger.cost_model, ids)
-        plan: TokenPlan | None = None
+        plan: RootPlan | None = None
         if self.method.samples_in_rounds:  # the roots are chosen round by round, after each round's outcomes
+            root_cost = self.planner.root_costs(ids)
             with prof.phase("rollout"):
-                view = self.prompt_history.view(ids, step) if self.method.reads_history else None
                 rounds = self.executor.run_in_rounds(pool, v, self.method, self.spec, self.rng,
-                                                     sampling_seed=self.sampling_seed(step), history=view)
+                                                     sampling_seed=self.sampling_seed(step),
+                                                     history=self.planner.history_view(ids, step))
             result, m = rounds.result, rounds.m
         else:
-            spec, allowance = self.spec, None
-            if self.method.prices_tokens:  # stage 1 in tokens: the roots and each prompt's reservation
-                turns = expected_turns(ledger.costs, ledger.cost_model, ids)
-                fraction = expected_anchor_fraction(ledger.costs, ledger.cost_model, turns)
-                plan = self.method.token_rule.plan(v, root_cost, turns, fraction, spec, ledger.calibration.rho)
-                m = np.asarray(plan.m, dtype=np.int64)
-                allowance = TokenAllowance(plan.reserved.astype(np.float64), root_cost, v, ledger)
-            else:
-                if spec.prices_tokens:  # a uniform method at equal tokens: the groups of G the budget buys
-                    spec = uniform_spec_for_tokens(spec, root_cost)
-                m = self._allocate_roots(pool, v, step, spec)
-            if self.method.prices_tokens and not m.any():  # a uniform method's spec refuses that itself
-                raise ValueError(f"step {step}: budget.tokens_per_step = {spec.tokens_per_step} buys no group of "
-                                 f"2 rollouts at the expected {float(root_cost.min()):.0f}+ generated tokens a "
-                                 "rollout: raise it")
+            plan = self.planner.plan_roots(v, ids, step, self.rng)
+            m, root_cost = plan.m, plan.root_cost
 
             def score_prefixes(tree, nodes):
                 return self.predictor.score_trees([tree], [list(nodes)])[0][list(nodes)]
 
-            expansion = expansion_of(self.method, spec.expansion_N, score_prefixes, allowance)
+            expansion = expansion_of(self.method, self.spec.expansion_N, score_prefixes, plan.tokens)
             with prof.phase("rollout"):
                 result = self.executor.run(pool, m.tolist(), expansion, self.rng,
                                            sampling_seed=self.sampling_seed(step))
@@ -541,18 +527,14 @@ class Trainer:
         k, pos = anchor_allocation(trees)
         alloc = allocation_stats(m, k, pos, trees)
         metrics = self._step_metrics(trees, kept, advantages, alloc, result)
+        token_priced = plan is not None and plan.token_plan is not None
         costs = tree_step_costs(trees, ledger, dict(zip(ids, root_cost.tolist(), strict=True)),
-                                root_pred if plan is not None else None)
-        self.ledger, cost_figures = ledger.after_step(costs)
-        self.state.token_ledger = self.ledger.to_dict()
-        metrics.update(cost_figures)
-        if plan is not None:
+                                root_pred if token_priced else None)
+        metrics.update(self.planner.observe_costs(costs))
+        self.state.token_ledger = self.planner.ledger.to_dict()
+        if token_priced:
             extra_roots = sum(c.kind == "continuation" and c.branch_node == ROOT for t in trees for c in t.trajectories)
-            metrics.update({
-                "tokens/budget": float(self.spec.tokens_per_step), "tokens/reservation_share": plan.reservation_share,
-                "tokens/reserved": float(plan.reserved.sum()), "tokens/planned_root_tokens": plan.root_tokens,
-                "tokens/predicted_prefix_value": plan.prefix_value, "tokens/extra_roots": float(extra_roots),
-            })
+            metrics.update(self.planner.token_figures(plan, extra_roots))
         metrics.update({f"predictor/{k2}": float(v2) for k2, v2 in pstats.items()})
         metrics.update({f"policy/{k2}": float(v2) for k2, v2 in ostats.items()})
         allocation = {"pool": [t.id for t in pool], "v": [float(x) for x in v], "m": [int(x) for x in m],
@@ -588,7 +570,7 @@ class Trainer:
         if uniform_groups_for_tokens(cost, left, G) < 1:
             return first, m, root_cost
         rest_spec = uniform_spec_for_tokens(replace(self.spec, tokens_per_step=left), cost)
-        m_rest = self._allocate_roots(rest_pool, v[unopened], step, rest_spec)
+        m_rest = self.planner.allocate(v[unopened], [t.id for t in rest_pool], step, rest_spec, self.rng)
         rest = self.executor.run(rest_pool, m_rest.tolist(), expansion, self.rng,
                                  sampling_seed=derive_seed(self.sampling_seed(step), "the rest of a first step"))
         merged = merge_results([first, rest])
@@ -601,27 +583,15 @@ class Trainer:
         root_cost[unopened] = cost
         return merged, m, root_cost
 
-    def _allocate_roots(self, pool: list[Task], v: np.ndarray, step: int, spec: BudgetSpec) -> np.ndarray:
-        """The step's bare rollouts per candidate under ``spec``: the method's root rule, reading the
-        candidates' history when the rule reads one, then ``explore_fraction`` where the method explores."""
-        view = self.prompt_history.view([t.id for t in pool], step) if self.method.reads_history else None
-        return np.asarray(self.method.allocate_roots(v, spec, self.rng, history=view,
-                                                     explore_fraction=self.cfg.predictor.explore_fraction),
-                          dtype=np.int64)
-
     def _record_root_outcomes(self, step: int, trees: Sequence[RolloutTree], root_pred: dict[str, float]) -> None:
         """Each sampled prompt's bare root outcomes of ``step`` and the root prediction the allocator
-        used, into the run's :class:`PromptHistory` (and its JSON form in the state, so that the
-        next checkpoint holds it). Continuations are not recorded: they start where prediction and
-        outcome were expected to disagree, so they are no independent draw of the prompt."""
-        succ, fail = [], []
-        for tree in trees:
-            wins = int(sum(is_success(tree.trajectory_reward(b.id)) for b in tree.bare_trajectories()))
-            succ.append(wins)
-            fail.append(len(tree.bare_trajectories()) - wins)
+        used, into the planner's history (and its JSON form in the state, so that the next
+        checkpoint holds it)."""
         ids = [t.prompt_id for t in trees]
-        self.prompt_history.record(step, ids, succ, fail, [root_pred[i] for i in ids])
-        self.state.root_outcomes = self.prompt_history.to_dict()
+        rewards = [np.array([t.trajectory_reward(b.id) for b in t.bare_trajectories()], dtype=np.float64)
+                   for t in trees]
+        self.planner.record_root_outcomes(step, ids, rewards, np.array([root_pred[i] for i in ids]))
+        self.state.root_outcomes = self.planner.history.to_dict()
 
     def _step_metrics(self, trees: list[RolloutTree], kept: list[bool], advantages: Sequence[np.ndarray],
                       alloc: AllocationStats, result: RolloutResult) -> dict[str, float]:
@@ -638,7 +608,7 @@ class Trainer:
             "budget/generated_tokens": float(result.stats.generated_tokens),
             "budget/cached_prompt_tokens": float(result.stats.cached_prompt_tokens),
             "budget/rollout_wall_s": float(result.stats.wall_s),
-            "history/prompts": float(len(self.prompt_history)),  # prompts with a record when this step allocated
+            "history/prompts": float(len(self.planner.history)),  # prompts with a record when this step allocated
         })
         return metrics
 
@@ -812,10 +782,8 @@ class Trainer:
         if data.get("history") is None:  # a checkpoint written when the field could be null
             data["history"] = {}
         self.state = TrainerState(**data)
-        self.prompt_history = (PromptHistory() if self.state.root_outcomes is None
-                               else PromptHistory.from_dict(self.state.root_outcomes))
-        self.ledger = (TokenLedger(self._cost_model) if self.state.token_ledger is None
-                       else TokenLedger.from_dict(self._cost_model, self.state.token_ledger))
+        self.planner.load_state_dict({"root_outcomes": self.state.root_outcomes,
+                                      "token_ledger": self.state.token_ledger})
         with open(path / "rng.pkl", "rb") as f:
             rng = pickle.load(f)
         self.rng.bit_generator.state = rng["numpy"]
