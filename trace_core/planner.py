@@ -22,7 +22,7 @@ model and no engine; its inputs and outputs are numpy arrays and typed values.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,14 @@ from trace_core.allocation import BudgetSpec, Method
 from trace_core.costs import expected_anchor_fraction, expected_root_tokens, expected_turns, remaining_tokens
 from trace_core.history import HistoryView, PromptHistory
 from trace_core.metrics import is_success
-from trace_core.token_budget import StepCosts, TokenLedger, TokenPlan, ledger_after_rollouts, uniform_spec_for_tokens
+from trace_core.token_budget import (
+    StepCosts,
+    TokenLedger,
+    TokenPlan,
+    ledger_after_rollouts,
+    tree_step_costs,
+    uniform_spec_for_tokens,
+)
 from trace_core.tree import RolloutTree
 
 PromptIds = Sequence[Hashable] | np.ndarray
@@ -180,6 +187,20 @@ class StepPlanner:
         """The ledger after the step's realised lengths; returns the cost estimates' figures."""
         self.ledger, figures = self.ledger.after_step(costs)
         return figures
+
+    def observe_trees(self, step: int, trees: Sequence[RolloutTree], root_cost: Mapping[str, float],
+                      root_pred: Mapping[str, float], plan: RootPlan | None = None) -> dict[str, float]:
+        """After a step that rolled out as trees (a real engine's): each tree's bare root outcomes
+        into the history and every rollout's realised length into the ledger. ``root_cost`` and
+        ``root_pred``: the expected root tokens and root prediction each tree's prompt was planned
+        at; ``plan``: the step's plan (a token-priced one also calibrates its prefix value; None
+        for a method that samples in rounds). Returns the cost estimates' figures."""
+        ids = [t.prompt_id for t in trees]
+        rewards = [np.array([t.trajectory_reward(b.id) for b in t.bare_trajectories()], dtype=np.float64)
+                   for t in trees]
+        self.record_root_outcomes(step, ids, rewards, np.array([root_pred[i] for i in ids], dtype=np.float64))
+        token_priced = plan is not None and plan.token_plan is not None
+        return self.observe_costs(tree_step_costs(trees, self.ledger, root_cost, root_pred if token_priced else None))
 
     def observe_rollouts(self, trees: Sequence[RolloutTree]) -> dict[str, float]:
         """The ledger after rollouts of the same policy made outside a step (a predictor warm-up's,

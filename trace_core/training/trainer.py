@@ -57,7 +57,6 @@ from trace_core.seeding import derive_seed
 from trace_core.token_budget import (
     TokenLedger,
     ledger_after_rollouts,
-    tree_step_costs,
     uniform_groups_for_tokens,
     uniform_spec_for_tokens,
 )
@@ -527,12 +526,13 @@ class Trainer:
         k, pos = anchor_allocation(trees)
         alloc = allocation_stats(m, k, pos, trees)
         metrics = self._step_metrics(trees, kept, advantages, alloc, result)
-        token_priced = plan is not None and plan.token_plan is not None
-        costs = tree_step_costs(trees, ledger, dict(zip(ids, root_cost.tolist(), strict=True)),
-                                root_pred if token_priced else None)
-        metrics.update(self.planner.observe_costs(costs))
+        # the root outcomes into the history, the realised lengths into the ledger (the next
+        # checkpoint keeps both)
+        metrics.update(self.planner.observe_trees(step, trees, dict(zip(ids, root_cost.tolist(), strict=True)),
+                                                  root_pred, plan))
         self.state.token_ledger = self.planner.ledger.to_dict()
-        if token_priced:
+        self.state.root_outcomes = self.planner.history.to_dict()
+        if plan is not None:
             extra_roots = sum(c.kind == "continuation" and c.branch_node == ROOT for t in trees for c in t.trajectories)
             metrics.update(self.planner.token_figures(plan, extra_roots))
         metrics.update({f"predictor/{k2}": float(v2) for k2, v2 in pstats.items()})
@@ -543,7 +543,6 @@ class Trainer:
                       "kept": kept,
                       "dropped": [t.prompt_id for t, kk in zip(trees, kept, strict=True) if not kk],
                       "rounds": int(result.rounds)}
-        self._record_root_outcomes(step, trees, root_pred)
         return StepOutput(trees=trees, m=m, allocation=allocation, metrics=metrics)
 
     def _spend_the_rest(self, pool: list[Task], v: np.ndarray, step: int, m: np.ndarray, first: RolloutResult,
@@ -582,16 +581,6 @@ class Trainer:
         m[unopened] = m_rest
         root_cost[unopened] = cost
         return merged, m, root_cost
-
-    def _record_root_outcomes(self, step: int, trees: Sequence[RolloutTree], root_pred: dict[str, float]) -> None:
-        """Each sampled prompt's bare root outcomes of ``step`` and the root prediction the allocator
-        used, into the planner's history (and its JSON form in the state, so that the next
-        checkpoint holds it)."""
-        ids = [t.prompt_id for t in trees]
-        rewards = [np.array([t.trajectory_reward(b.id) for b in t.bare_trajectories()], dtype=np.float64)
-                   for t in trees]
-        self.planner.record_root_outcomes(step, ids, rewards, np.array([root_pred[i] for i in ids]))
-        self.state.root_outcomes = self.planner.history.to_dict()
 
     def _step_metrics(self, trees: list[RolloutTree], kept: list[bool], advantages: Sequence[np.ndarray],
                       alloc: AllocationStats, result: RolloutResult) -> dict[str, float]:
