@@ -420,7 +420,8 @@ def test_budget_spec_rules() -> None:
 
 
 def test_unknown_method_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown allocation method 'ppo'; known: dapo, dapo-capped, greso, grpo, pcl"):
+    known = "dapo, dapo-capped, greso, grpo, knapsack-rl, pcl"
+    with pytest.raises(ValueError, match=f"unknown allocation method 'ppo'; known: {known}"):
         get_method("ppo")
 
 
@@ -638,7 +639,7 @@ def test_every_root_rule_is_one_interface_that_says_whether_it_reads_history():
         # a rule that reads history treats None as an empty history; one that reads none ignores it
         assert np.array_equal(rule(v, spec, np.random.default_rng(0), None),
                               rule(v, spec, np.random.default_rng(0), view))
-    readers = {"greso", "trace-posterior", "trace-posterior-thompson"} | ({"vip"} & set(METHODS))
+    readers = {"greso", "trace-posterior", "trace-posterior-thompson", "vip", "knapsack-rl"}
     assert {n for n, m in METHODS.items() if m.reads_history} == readers
     assert not WithoutHistory(GresoRoots()).reads_history  # the memoryless ablation builds no view
     with pytest.raises(TypeError, match="StatelessRoots"):  # a bare function does not say whether it reads history

@@ -27,6 +27,7 @@ import numpy as np
 
 from trace_core.advantages import AdvantageEstimator, get_advantage_estimator
 from trace_core.history import GresoConfig, HistoryView, PosteriorConfig, beta_posterior, greso_keep
+from trace_core.knapsack import KnapsackRoots
 from trace_core.vip import VipRoots
 
 # Unit gains closer than this are treated as equal when the tie rules apply (method §2 "Ties").
@@ -1451,6 +1452,10 @@ register_method(Method("trace-posterior-thompson", PosteriorRoots(sample_posteri
 register_method(Method("vip", VipRoots(), None,
                        "VIP: M(1+N)/G random prompts; a GP on recent outcomes predicts success and the budget M(1+N) "
                        "is split between 2 and M_max to minimise the batch's gradient variance", uses_predictor=True))
+register_method(Method("knapsack-rl", KnapsackRoots(), None,
+                       "Knapsack-RL: M(1+N)/G random prompts; the budget M(1+N) shared by a knapsack over each "
+                       "prompt's success rate from its last root group (floor 2, unseen G, the rest of what "
+                       "α = 0.9 confidence needs to the never-solved prompts); no expansion"))
 register_method(Method("trace-tokens", TokenPricedRoots(), prefixes_token_priced,
                        "method §10: one budget of generated tokens a step; exact roots on quantised costs with a "
                        "reservation for stage 2, then per prompt continuations or more roots by gain per token",

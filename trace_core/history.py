@@ -406,3 +406,18 @@ def beta_posterior(view: HistoryView, prediction: object, config: PosteriorConfi
     alpha = s * prior + (weight * view.successes).sum(axis=1)
     beta = s * (1.0 - prior) + (weight * view.failures).sum(axis=1)
     return alpha, beta
+
+
+def draw_batch(pool: int, batch: int, rng: np.random.Generator, history: HistoryView | None,
+               who: str) -> tuple[np.ndarray, HistoryView]:
+    """GRPO's draw of ``batch`` of the ``pool`` candidates (uniform, the same generator call), for a
+    root rule that shares a batch's budget by history (VIP, Knapsack-RL), and the pool's history
+    (empty when None). ValueError naming ``who`` when the pool is too small or the history's rows
+    are not the pool's."""
+    if batch > pool:
+        raise ValueError(f"{who} needs a batch of {batch} prompts but the pool holds only {pool}")
+    if history is None:
+        history = HistoryView.empty(pool)
+    if len(history) != pool:
+        raise ValueError(f"history has {len(history)} rows for a pool of {pool} prompts")
+    return rng.choice(pool, size=batch, replace=False), history

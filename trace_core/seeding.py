@@ -20,3 +20,15 @@ def derive_seed(*parts: object) -> int:
         raise ValueError("derive_seed needs at least one part")
     digest = hashlib.sha256("|".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:4], "little") & ((1 << SEED_BITS) - 1)
+
+
+def step_sampling_seed(run_seed: int, agent_seed: int, step: int) -> int:
+    """The seed of a step's rollouts: the run seed, ``agent.seed`` and the step, so the same prompt
+    draws fresh samples at every step and in every run."""
+    return derive_seed(run_seed, "sampling", agent_seed, step)
+
+
+def predictor_seed(run_seed: int, seed: int) -> int:
+    """The predictor's seed (initialisation, example order) in a run: ``predictor.seed`` mixed with
+    the run seed, so runs with different seeds start from different predictors."""
+    return derive_seed(run_seed, "predictor", seed)

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from trace_core.history import HistoryView
+from trace_core.history import HistoryView, draw_batch
 
 if TYPE_CHECKING:  # only for annotations: the registry in trace_core.allocation imports this module
     from trace_core.allocation import BudgetSpec
@@ -486,18 +486,12 @@ class VipRoots:
         self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None
     ) -> np.ndarray:
         B, Q = v.shape[0], spec.total // spec.group_size_G
-        if Q > B:
-            raise ValueError(f"VIP needs a batch of {Q} prompts but the pool holds only {B}")
-        if history is None:
-            history = HistoryView.empty(B)
-        if len(history) != B:
-            raise ValueError(f"history has {len(history)} rows for a pool of {B} prompts")
         lower = int(self.config.min_rollouts)
         upper = int(self.config.max_rollouts if self.config.max_rollouts is not None else spec.max_per_prompt)
         if not Q * lower <= spec.total <= Q * upper:
             raise ValueError(f"VIP: the budget {spec.total} cannot be split over {Q} prompts with "
                              f"{lower} <= m_i <= {upper}")
-        batch = rng.choice(B, size=Q, replace=False)
+        batch, history = draw_batch(B, Q, rng, history, "VIP")
         p = vip_predict(v, history, self.config, at=batch).success
         m = np.zeros(B, dtype=np.int64)
         m[batch] = allocate_vip(p * (1.0 - p), spec.total, lower, upper, self.config.variance_form)

@@ -53,7 +53,7 @@ from trace_core.rollout.executor import (
     merge_results,
 )
 from trace_core.rollout.guard import EngineGuardConfig, GuardedEngine
-from trace_core.seeding import derive_seed
+from trace_core.seeding import derive_seed, predictor_seed, step_sampling_seed
 from trace_core.token_budget import (
     TokenLedger,
     ledger_after_rollouts,
@@ -787,18 +787,6 @@ class _StepActivity:
 
     def __str__(self) -> str:
         return f"{self.label}: {self.profiler.current or 'between phases'}"
-
-
-def step_sampling_seed(run_seed: int, agent_seed: int, step: int) -> int:
-    """The seed of a step's rollouts: the run seed, ``agent.seed`` and the step, so the same prompt
-    draws fresh samples at every step and in every run."""
-    return derive_seed(run_seed, "sampling", agent_seed, step)
-
-
-def predictor_seed(run_seed: int, seed: int) -> int:
-    """The predictor's seed (initialisation, example order) in a run: ``predictor.seed`` mixed with
-    the run seed, so runs with different seeds start from different predictors."""
-    return derive_seed(run_seed, "predictor", seed)
 
 
 def epoch_order(num_tasks: int, seed: int, epoch: int, defer: Sequence[int]) -> list[int]:

@@ -1,0 +1,268 @@
+"""TRACE inside the real TRL: TraceGRPOTrainer on the tiny random Qwen3, on the CPU.
+
+Nothing of TRL or of trace_core is mocked: TRL's own data loader hands the step its candidate pool,
+the executor rolls out with TRL's model, and TRL's loss and optimizer train on the rows. The task
+is the synthetic fixed-turns family (every episode three turns with an observation after each
+non-final one, coin-flip rewards on the text), so a random policy's trees hold anchors,
+observation tokens and both outcomes."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from trace_core.advantages import tree_advantages  # noqa: E402
+from trace_core.envs.families import get_family  # noqa: E402
+from trace_core.envs.registry import EnvsConfig  # noqa: E402
+from trace_core.integrations.trl import (  # noqa: E402
+    TRACE_PREDICTOR_FILE,
+    TRACE_STATE_FILE,
+    TraceConfigError,
+    TraceGRPOTrainer,
+    TraceTRLConfig,
+    check_config,
+    task_dataset,
+)
+from trace_core.predictor.config import PredictorConfig  # noqa: E402
+from trace_core.rollout.agent import AgentConfig, observation_tokens  # noqa: E402
+from trace_core.rollout.env import FixedTurnsConfig  # noqa: E402
+from trace_core.training.config import BudgetConfig  # noqa: E402
+from trace_core.tree import ROOT  # noqa: E402
+
+TURNS = 3
+ENVS = EnvsConfig(fixed_turns=FixedTurnsConfig(turns=TURNS, prompts=8))
+AGENT = AgentConfig(max_turns=TURNS, max_new_tokens=6, max_total_tokens=768)
+# M(1+N) = 8 rows a step; G / pool_factor = 2 = num_generations; pool B = 2·8/4 = 4 candidates
+BUDGET = BudgetConfig(roots_M=4, expansion_N=1, group_size_G=4, max_per_prompt=4, pool_factor=2)
+PREDICTOR = PredictorConfig(tiny_hidden_size=32, tiny_intermediate_size=64, tiny_max_positions=1024,
+                            min_prefix_examples=2)
+
+
+def trace_config(**changes) -> TraceTRLConfig:
+    base = TraceTRLConfig(method="trace", budget=BUDGET, task_family="fixed-turns", envs=ENVS, agent=AGENT,
+                          predictor=PREDICTOR, tool_workers=0)
+    return dataclasses.replace(base, **changes)
+
+
+def grpo_args(out, **changes) -> GRPOConfig:
+    settings = dict(output_dir=str(out), use_cpu=True, bf16=False, per_device_train_batch_size=8,
+                    num_generations=2, max_steps=2, learning_rate=1e-3, logging_steps=1, report_to="none",
+                    save_strategy="no", gradient_checkpointing=False, seed=0, disable_tqdm=True,
+                    dataloader_num_workers=0)
+    settings.update(changes)
+    return GRPOConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    family = get_family("fixed-turns")
+    return task_dataset(family.synthetic_tasks(family.settings(ENVS)))
+
+
+@pytest.fixture(scope="module")
+def trace_batch(tiny_models, dataset, tmp_path_factory):
+    """A TRACE step on a generation batch TRL's own data loader hands out: the first step whose
+    trees hold a mixed group (a random policy's coin-flip rewards may leave a step without one,
+    and a step without contrast has only zero advantages to compare)."""
+    trainer = TraceGRPOTrainer(str(tiny_models[0]), trace_config(), grpo_args(tmp_path_factory.mktemp("step")),
+                               dataset)
+    trainer.model.train()
+    for inputs in itertools.islice(iter(trainer.get_train_dataloader()), 3):
+        batch = trainer._generate_and_score_completions(inputs)
+        if trainer.last_step.metrics["counts/mixed_groups"] > 0:
+            break
+    return trainer, inputs, batch
+
+
+def unpadded(batch, key: str, mask_key: str, row: int) -> list[int]:
+    return batch[key][row][batch[mask_key][row].bool()].tolist()
+
+
+# ------------------------------------------------------------------ refusals, before any model loads
+@pytest.mark.parametrize(("trace_changes", "arg_changes", "field"), [
+    ({"method": "no-such-method"}, {}, "TraceTRLConfig.method"),
+    ({"method": "dapo"}, {}, "TraceTRLConfig.method"),  # rounds: rows per step vary
+    ({"advantage": "no-such-estimator"}, {}, "TraceTRLConfig.advantage"),
+    ({"task_family": "no-such-family"}, {}, "TraceTRLConfig.task_family"),
+    ({"budget": BudgetConfig(roots_M=4, expansion_N=1, group_size_G=4, max_per_prompt=4, tokens_per_step=99)}, {},
+     "TraceTRLConfig.budget.tokens_per_step"),
+    # a pool too small for the budget: B = 8·1/4 = 2 candidates cannot take M = 8 at M_max = 2
+    ({"budget": BudgetConfig(roots_M=8, expansion_N=0, group_size_G=4, max_per_prompt=2, pool_factor=1)},
+     {"num_generations": 4}, "budget.pool_factor"),
+    ({}, {"num_generations": 4}, "GRPOConfig.num_generations"),
+    ({}, {"per_device_train_batch_size": 4}, "GRPOConfig.generation_batch_size"),
+    ({}, {"scale_rewards": "batch"}, "GRPOConfig.scale_rewards"),
+])
+def test_bad_configuration_is_refused_naming_the_field(tmp_path, dataset, trace_changes, arg_changes, field):
+    trace, args = trace_config(**trace_changes), grpo_args(tmp_path, **arg_changes)
+    with pytest.raises(TraceConfigError, match=field.replace(".", r"\.")):
+        check_config(trace, args, len(dataset))
+    # the trainer refuses before it loads anything: the model path does not even exist
+    with pytest.raises(TraceConfigError, match=field.replace(".", r"\.")):
+        TraceGRPOTrainer(str(tmp_path / "no-model-here"), trace, args, dataset)
+
+
+def test_a_dataset_smaller_than_the_pool_is_refused(tmp_path, dataset):
+    with pytest.raises(TraceConfigError, match=r"budget\.pool_factor"):
+        TraceGRPOTrainer(str(tmp_path / "no-model-here"), trace_config(), grpo_args(tmp_path), dataset.select(range(3)))
+
+
+# ------------------------------------------------------------------ one step's rows
+def test_a_step_returns_one_row_per_trajectory_prompt_by_prompt(trace_batch):
+    trainer, inputs, batch = trace_batch
+    step = trainer.last_step
+    spec = trainer.spec
+    assert batch["prompt_ids"].shape[0] == batch["completion_ids"].shape[0] == len(step.rows) == spec.total
+    # the candidate pool is the distinct prompts of TRL's generation batch
+    assert len(step.pool) == spec.pool_size == len({json.loads(x["trace_task"])["id"] for x in inputs})
+    assert int(step.plan.m.sum()) == spec.roots_M
+    m_of = dict(zip([t.id for t in step.pool], step.plan.m.tolist(), strict=True))
+    assert [t.prompt_id for t in step.trees] == [t.id for t in step.pool if m_of[t.id] > 0]
+    for i, tree in enumerate(step.trees):
+        rows = [r for r in step.rows if r.tree == i]
+        m_i = m_of[tree.prompt_id]
+        assert sum(r.kind == "bare" for r in rows) == m_i
+        assert sum(r.kind == "continuation" for r in rows) == m_i * spec.expansion_N
+    assert any(r.kind == "continuation" and r.branch_node != ROOT for r in step.rows)
+
+
+def test_each_continuations_prompt_is_its_anchors_exact_history(trace_batch):
+    trainer, _, batch = trace_batch
+    step = trainer.last_step
+    for j, row in enumerate(step.rows):
+        tree = step.trees[row.tree]
+        history = tree.history_tokens(row.branch_node)
+        assert unpadded(batch, "prompt_ids", "prompt_mask", j) == history == row.prompt_ids
+        own = [t for n in tree.trajectories[row.trajectory].nodes for t in tree.nodes[n].token_ids]
+        assert unpadded(batch, "completion_ids", "completion_mask", j) == own
+        if row.kind == "continuation" and row.branch_node != ROOT:
+            # an anchor's history: the prompt, then its bare rollout's turns up to the anchor
+            path = tree.path(row.branch_node)
+            assert tree.nodes[path[1]].kind == "bare" and len(history) > len(tree.nodes[ROOT].token_ids)
+
+
+def test_the_tool_mask_is_zero_exactly_on_observation_tokens(trace_batch):
+    trainer, _, batch = trace_batch
+    step = trainer.last_step
+    for j, row in enumerate(step.rows):
+        tree = step.trees[row.tree]
+        expected = []
+        for n in tree.trajectories[row.trajectory].nodes:
+            node = tree.nodes[n]
+            # the observation the environment answered (none after the last turn), tokenised on its own
+            obs = [] if node.terminal else observation_tokens(trainer._tokenizer, f"turn {node.depth} of {TURNS}")
+            assert node.token_ids[len(node.token_ids) - len(obs):] == obs
+            expected += [1] * (len(node.token_ids) - len(obs)) + [0] * len(obs)
+        assert unpadded(batch, "tool_mask", "completion_mask", j) == expected
+        assert 0 in expected or len(tree.trajectories[row.trajectory].nodes) == 1
+
+
+def test_the_advantages_are_the_tree_advantages(trace_batch):
+    trainer, _, batch = trace_batch
+    step = trainer.last_step
+    adv = {i: tree_advantages(tree, eps=1e-4) for i, tree in enumerate(step.trees)}  # TRL's ε, scale "group"
+    for j, row in enumerate(step.rows):
+        tree = step.trees[row.tree]
+        per_token = [adv[row.tree][n] * m for n in tree.trajectories[row.trajectory].nodes
+                     for m in tree.nodes[n].loss_mask]
+        got = batch["advantages"][j][batch["completion_mask"][j].bool()].double().numpy()
+        np.testing.assert_allclose(got, per_token, rtol=1e-6, atol=1e-6)
+    assert any(np.abs(a).max() > 0 for a in adv.values()), "no contrast in the step: nothing to check"
+    for key in ("trace/effective_ratio", "trace/prefix_effective_ratio", "trace/contrast/mixed_per_1k_tokens",
+                "trace/alloc/mean_m_selected", "trace/predictor/loss"):
+        assert key in trainer._metrics["train"], key
+
+
+def test_with_method_grpo_the_advantages_are_trls(tiny_models, dataset, tmp_path, monkeypatch):
+    """The same rows through plain TRL: a GRPOTrainer whose rollout_func hands back the plug-in's
+    rows and whose reward function their rewards computes its own group advantages."""
+    budget = dataclasses.replace(BUDGET, pool_factor=1)  # G / 1 = 4 = num_generations, as plain TRL runs
+    ours = TraceGRPOTrainer(str(tiny_models[0]), trace_config(method="grpo", budget=budget),
+                            grpo_args(tmp_path / "ours", num_generations=4), dataset)
+    ours.model.train()
+    batch = ours._generate_and_score_completions(next(iter(ours.get_train_dataloader())))
+    rows = ours.last_step.rows
+    assert [r.kind for r in rows] == ["bare"] * 8 and len(ours.last_step.trees) == 2
+
+    def replay(prompts, trainer):
+        return {"prompt_ids": [r.prompt_ids for r in rows], "completion_ids": [r.completion_ids for r in rows],
+                "logprobs": [[0.0] * len(r.completion_ids) for r in rows],
+                "env_mask": [r.tool_mask for r in rows]}
+
+    def reward(completions, row, **kwargs):
+        return [rows[i].reward for i in row]
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    plain = GRPOTrainer(str(tiny_models[0]), reward_funcs=[reward],
+                        args=grpo_args(tmp_path / "plain", num_generations=4), train_dataset=dataset,
+                        rollout_func=replay)
+    plain.model.train()
+    theirs = plain._generate_and_score_completions([{"prompt": "x", "row": i} for i in range(len(rows))])
+    assert theirs["completion_ids"].tolist() == batch["completion_ids"].tolist()
+    for j in range(len(rows)):
+        trained = (batch["completion_mask"][j] * batch["tool_mask"][j]).bool()
+        np.testing.assert_allclose(batch["advantages"][j][trained].numpy(), float(theirs["advantages"][j]),
+                                   rtol=1e-6, atol=1e-6)
+    assert torch.count_nonzero(theirs["advantages"]) > 0, "uniform groups only: nothing to compare"
+
+
+# ------------------------------------------------------------------ training, checkpoints, resume
+def test_train_updates_the_policy_and_the_predictor_and_resumes(tiny_models, dataset, tmp_path):
+    out = tmp_path / "run"
+    args = grpo_args(out, max_steps=2, save_strategy="steps", save_steps=1)
+    trainer = TraceGRPOTrainer(str(tiny_models[0]), trace_config(), args, dataset)
+    policy_before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    predictor_before = {k: v.clone() for k, v in trainer.predictor.model.state_dict().items()}
+    trainer.train()
+    assert any(not torch.equal(policy_before[k], v) for k, v in trainer.model.state_dict().items())
+    assert trainer.predictor.updates == 2 and trainer.trace_steps == 2
+    assert any(not torch.equal(predictor_before[k], v) for k, v in trainer.predictor.model.state_dict().items())
+    logged = [rec for rec in trainer.state.log_history if "trace/effective_ratio" in rec]
+    assert len(logged) == 2 and all(0.0 <= rec["trace/effective_ratio"] <= 1.0 for rec in logged)
+    ckpt = out / "checkpoint-2"
+    assert (ckpt / TRACE_STATE_FILE).is_file() and (ckpt / TRACE_PREDICTOR_FILE).is_file()
+    saved = json.loads((ckpt / TRACE_STATE_FILE).read_text())
+    assert saved["trace_steps"] == 2
+    assert sorted(s[0] for s in saved["planner"]["root_outcomes"]["steps"]) == [0, 1]
+
+    # resume from step 2 and run a third: the planner's history, the predictor and the counter go on
+    resumed = TraceGRPOTrainer(str(tiny_models[0]), trace_config(), grpo_args(out, max_steps=3), dataset)
+    resumed.train(resume_from_checkpoint=str(ckpt))
+    assert resumed.trace_steps == 3 and resumed.predictor.updates == 3
+    steps = resumed.planner.history.to_dict()["steps"]
+    assert sorted(s[0] for s in steps) == [0, 1, 2]
+    assert os.path.isdir(out / "checkpoint-2")
+
+
+def test_the_example_trains_both_side_by_side_and_logs_to_mlflow(tmp_path):
+    """examples/trl_trace.py as a user runs it: both trainers' figures printed, both runs in MLflow."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    repo = Path(__file__).resolve().parents[1]
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    out = subprocess.run([sys.executable, "examples/trl_trace.py", "--out", str(tmp_path / "runs"), "--steps", "1",
+                          "--mlflow-uri", uri], capture_output=True, text=True, cwd=repo, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    means = [re.search(r"\smean\s+(\S+)\s+(\S+)$", line) for line in out.stdout.splitlines()]
+    means = [m for m in means if m]
+    assert len(means) == 2, out.stdout  # one mean line per trainer
+    for m in means:
+        ratio, per_1k = float(m.group(1)), float(m.group(2))
+        assert 0.0 <= ratio <= 1.0 and per_1k >= 0.0
+    runs = MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()])
+    assert len(runs) == 2
