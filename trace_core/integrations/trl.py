@@ -277,29 +277,12 @@ class _Logits:
     logits: torch.Tensor  # (1, 1, vocab): the last position's logits, on the CPU
 
 
-class LivePolicyEngine(HFEngine):
-    """The transformers reference engine on a model already in memory — the policy TRL trains,
-    read in place, so the rollouts always sample from the current weights and nothing is copied or
-    synced. Only the construction differs from :class:`HFEngine` (which loads from a directory)."""
-
-    def __init__(self, model: Any, tokenizer: Any, seed: int, max_model_len: int) -> None:
-        name = str(getattr(model, "name_or_path", "") or "live-policy")
-        self.config = EngineConfig(model_path=name, kind="hf", seed=seed, max_model_len=max_model_len)
-        self._torch = torch
-        self.model = _LastLogitsOnCPU(model)
-        self.tokenizer = tokenizer
-        eos = model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        if tokenizer.eos_token_id is not None:
-            eos_ids.add(tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos_ids)
-        self._seed_source = torch.Generator().manual_seed(seed)
-        self._active = {}
-        self._steps = 0
-        self._closed = False
-
-    def load_weights(self, weights: Any) -> None:
-        raise ValueError("LivePolicyEngine reads TRL's model in place: there are no weights to load")
+def live_policy_engine(model: Any, tokenizer: Any, seed: int, max_model_len: int) -> HFEngine:
+    """The transformers reference engine on the policy TRL trains, read in place: the rollouts
+    always sample from the current weights, and nothing is copied or synced."""
+    name = str(getattr(model, "name_or_path", "") or "live-policy")
+    config = EngineConfig(model_path=name, kind="hf", seed=seed, max_model_len=max_model_len)
+    return HFEngine.on_model(config, _LastLogitsOnCPU(model), tokenizer, model.generation_config)
 
 
 @contextmanager
@@ -445,8 +428,8 @@ class TraceSteps:
 
         expansion = expansion_of(self.method, self.spec.expansion_N, score_prefixes, plan.tokens)
         policy = self.accelerator.unwrap_model(self.model)
-        engine = LivePolicyEngine(policy, self._tokenizer, seed=self.args.seed,
-                                  max_model_len=self.agent.max_total_tokens)
+        engine = live_policy_engine(policy, self._tokenizer, seed=self.args.seed,
+                                    max_model_len=self.agent.max_total_tokens)
         executor = TreeRolloutExecutor(engine, self._tokenizer, self.env_factory, self.agent,
                                        tool_workers=self.trace.tool_workers)
         with torch.no_grad(), sampling_mode(policy):

@@ -50,12 +50,27 @@ class HFEngine:
 
         if not Path(config.model_path).is_dir():
             raise ValueError(f"model_path must be a local model directory, got {config.model_path!r}")
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=getattr(torch, config.dtype))
+        model.eval()
+        self._start(config, model, AutoTokenizer.from_pretrained(config.model_path), model.generation_config)
+
+    @classmethod
+    def on_model(cls, config: EngineConfig, model: Any, tokenizer: Any, generation_config: Any) -> HFEngine:
+        """The engine on a model already in memory (``model(input_ids=...)`` returns ``.logits``),
+        read in place: a trainer's live policy samples from its current weights, nothing copied.
+        ``config.model_path`` only names it."""
+        engine = cls.__new__(cls)
+        engine._start(config, model, tokenizer, generation_config)
+        return engine
+
+    def _start(self, config: EngineConfig, model: Any, tokenizer: Any, generation_config: Any) -> None:
+        import torch
+
         self.config = config
         self._torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=getattr(torch, config.dtype))
-        self.model.eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
-        eos = self.model.generation_config.eos_token_id
+        self.model = model
+        self.tokenizer = tokenizer
+        eos = generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         if self.tokenizer.eos_token_id is not None:
             eos_ids.add(self.tokenizer.eos_token_id)
