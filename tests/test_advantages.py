@@ -248,7 +248,7 @@ def test_treepo_whitens_over_the_batch() -> None:
 
 # ---------------------------------------------------------------------------- registry and input
 def test_registry_names_and_equivalence() -> None:
-    assert set(ADVANTAGE_ESTIMATORS) == {"tree", "tree-no-std", "grpo", "treepo"}
+    assert set(ADVANTAGE_ESTIMATORS) == {"tree", "tree-no-std", "grpo", "treepo", "arpo-hard", "arpo-soft"}
     rng = np.random.default_rng(1)
     trees = []
     for k in range(4):

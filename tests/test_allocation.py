@@ -13,12 +13,15 @@ from scipy.special import betaln
 
 from trace_core.allocation import (
     METHODS,
+    AnchorSignals,
     BudgetSpec,
     DynamicSampling,
     DynamicSamplingConfig,
+    EntropySignals,
     GresoRoots,
     Method,
     PosteriorRoots,
+    PrefixPlacement,
     RootRule,
     WithoutHistory,
     allocate_prefixes,
@@ -420,7 +423,7 @@ def test_budget_spec_rules() -> None:
 
 
 def test_unknown_method_names_the_known_ones() -> None:
-    known = "dapo, dapo-capped, greso, grpo, knapsack-rl, pcl"
+    known = "arpo, dapo, dapo-capped, greso, grpo, knapsack-rl, pcl"
     with pytest.raises(ValueError, match=f"unknown allocation method 'ppo'; known: {known}"):
         get_method("ppo")
 
@@ -440,9 +443,12 @@ def test_every_method_spends_the_same_total_budget(name: str) -> None:
     for mi in m[m > 0]:
         budget = method.prefix_budget(mi, spec.expansion_N)
         anchors = int(rng.integers(1, 10))
-        K = method.allocate_prefixes(rng.random(anchors), rng.integers(0, 2, anchors), budget, np.ones(anchors), rng)
-        assert K.sum() == budget
-        total += int(K.sum())
+        entropy = EntropySignals(rng.random(anchors), rng.random(anchors)) if method.reads_entropy else None
+        signals = AnchorSignals(rng.random(anchors), rng.integers(0, 2, anchors), np.ones(anchors, dtype=np.int64),
+                                entropy=entropy)
+        placed = method.place_prefixes(signals, budget, rng)
+        assert placed.K.sum() + placed.extra_roots == budget
+        total += int(placed.K.sum()) + placed.extra_roots
     assert total == spec.total
 
 
@@ -723,9 +729,10 @@ def test_exploration_keeps_the_posterior_rule_on_the_prompts_it_does_not_explore
 def test_every_method_trains_with_the_tree_advantage_unless_told_otherwise():
     from trace_core.advantages import ADVANTAGE_ESTIMATORS
 
+    own = {"arpo": "arpo-soft"}  # ARPO's attribution is part of the method as published
     for name, method in METHODS.items():
-        assert method.default_advantage == "tree", name
-        assert method.advantage_estimator() is ADVANTAGE_ESTIMATORS["tree"]
+        assert method.default_advantage == own.get(name, "tree"), name
+        assert method.advantage_estimator() is ADVANTAGE_ESTIMATORS[own.get(name, "tree")]
         assert method.advantage_estimator("treepo") is ADVANTAGE_ESTIMATORS["treepo"]
     with pytest.raises(ValueError, match="default_advantage"):
         Method("x", roots_uniform_all, None, "", default_advantage="ppo")
@@ -737,13 +744,23 @@ def test_a_prompt_without_anchors_spends_its_prefix_budget_at_the_root_and_a_sho
     assert trace.prefix_budget(3, 2) == 6 and get_method("grpo").prefix_budget(8, 2) == 0
     rng = np.random.default_rng(0)
     empty = np.zeros(0)
-    placed = trace.place_prefixes(empty, empty, 6, empty.astype(np.int64), rng)
+    placed = trace.place_prefixes(AnchorSignals(empty, empty, empty.astype(np.int64)), 6, rng)
     assert placed.extra_roots == 6 and placed.K.size == 0
-    placed = trace.place_prefixes(np.array([0.5, 0.9, 0.1]), np.array([1.0, 1.0, 0.0]), 4, np.array([1, 2, 1]), rng)
+    three = AnchorSignals(np.array([0.5, 0.9, 0.1]), np.array([1.0, 1.0, 0.0]), np.array([1, 2, 1]))
+    placed = trace.place_prefixes(three, 4, rng)
     assert placed.extra_roots == 0 and placed.K.sum() == 4 and placed.K.shape == (3,)
-    stingy = dataclasses.replace(trace, prefix_rule=lambda p, r, budget, turn, rng: np.zeros(p.size, dtype=np.int64))
+    one = AnchorSignals(np.array([0.5]), np.array([1.0]), np.array([1]))
+    stingy = dataclasses.replace(trace, prefix_rule=lambda anchors, budget, rng: np.zeros(anchors.size, dtype=np.int64))
     with pytest.raises(AssertionError, match="spent 0 of 4"):
-        stingy.place_prefixes(np.array([0.5]), np.array([1.0]), 4, np.array([1]), rng)
+        stingy.place_prefixes(one, 4, rng)
+    # a rule may send part of the budget to the root (ARPO's global fill), but must still spend it all
+    filler = dataclasses.replace(trace, prefix_rule=lambda anchors, budget, rng: PrefixPlacement(np.array([1]), 3))
+    placed = filler.place_prefixes(one, 4, rng)
+    assert placed.K.tolist() == [1] and placed.extra_roots == 3
+    with pytest.raises(AssertionError, match="spent 4 of 5"):
+        filler.place_prefixes(one, 5, rng)
+    with pytest.raises(ValueError, match="does not expand"):
+        get_method("grpo").place_prefixes(one, 2, rng)
 
 
 def test_the_equal_budget_check_holds_slot_methods_only():

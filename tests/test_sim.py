@@ -142,7 +142,8 @@ def test_horizon_is_shared_by_every_path_of_a_prompt():
 
 
 # ---------------------------------------------------------------------------- budgets
-@pytest.mark.parametrize("method", sorted(n for n, m in METHODS.items() if not m.prices_tokens))
+# a method whose prefix rule reads the entropy of the policy's tokens (ARPO) has no reading here: refused below
+@pytest.mark.parametrize("method", sorted(n for n, m in METHODS.items() if not (m.prices_tokens or m.reads_entropy)))
 @pytest.mark.parametrize("shape", [(64, 2), (64, 6), (128, 0)])
 def test_every_method_spends_exactly_the_equal_budget(method, shape):
     spec = BudgetSpec(*shape)
@@ -175,6 +176,14 @@ def test_every_method_spends_exactly_the_equal_budget(method, shape):
             assert cont == result.pool_m[i] * spec.expansion_N
     else:
         assert bare == spec.total and result.anchor_K.sum() == 0
+
+
+def test_a_method_that_reads_the_policys_entropy_is_refused():
+    """ARPO branches on the entropy of the tokens written after a tool result; the simulator's paths
+    have none, so it refuses the method rather than invent a signal (method §4, ARPO)."""
+    assert [n for n, m in METHODS.items() if m.reads_entropy] == ["arpo"]
+    with pytest.raises(ValueError, match="reads entropy.*cannot run it"):
+        run_step("arpo", BudgetSpec(64, 1), OraclePredictor(), np.random.default_rng(0))
 
 
 def test_oracle_trace_beats_grpo_on_effective_ratio():

@@ -27,6 +27,7 @@ _EXPORTS = {
     "METHODS": "trace_core.allocation",
     "get_method": "trace_core.allocation",
     "register_method": "trace_core.allocation",
+    "AnchorSignals": "trace_core.allocation",
     # trees and advantages
     "RolloutTree": "trace_core.tree",
     "TokenAdvantages": "trace_core.advantages",

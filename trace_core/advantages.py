@@ -19,6 +19,11 @@ Estimators, chosen by name through :func:`get_advantage_estimator`:
     The TreePO baseline's advantage (Li et al. 2025) as method §6 states it: a size-weighted
     average of leaf-vs-subgroup differences over the leaf's branching ancestors, whitened over
     the batch; a shared node takes the mean over the leaves below it.
+``"arpo-hard"``, ``"arpo-soft"``
+    ARPO's advantage attribution (arXiv 2507.19849): GRPO's advantage of every trajectory of the
+    prompt's tree, then a node shared by ``d`` trajectories takes their mean (hard) or, as ARPO's
+    default GRPO loss over duplicated sequences weighs a shared token ``d`` times, their sum
+    (soft); a node of one trajectory takes that trajectory's advantage under both.
 
 Conventions shared by all estimators: the root holds only prompt tokens, which are never
 trained on, so its advantage is **0.0** (not NaN), which keeps token-level sums safe. Trees must
@@ -206,6 +211,48 @@ def treepo_advantages(trees: Sequence[RolloutTree], eps: float = EPS) -> list[np
     return out
 
 
+# ---------------------------------------------------------------------------- ARPO
+def arpo_advantages(tree: RolloutTree, soft: bool = True, scale_by_std: bool = True, eps: float = EPS) -> np.ndarray:
+    """ARPO's advantage attribution (arXiv 2507.19849) for one tree (0.0 at the root).
+
+    Every finished trajectory ``j`` of the tree — bare rollouts, continuations and further root
+    rollouts alike, the prompt's one group — gets GRPO's advantage ``Â_j = (r_j − mean r) / (std r
+    + ε)`` (unbiased std; 0 for fewer than two trajectories or uniform rewards). A trajectory is the
+    path from the root to its leaf, so a node lies on the trajectories whose leaves are below it:
+
+    - *hard*: the node takes the mean of their ``Â_j`` — the paper's shared-token advantage
+      ``(1/d) Σ_i Â_i``; a node of one trajectory (its branched, individual tokens) takes its own;
+    - *soft* (``soft=True``, the paper's default and its authors' run: plain GRPO over the
+      duplicated sequences): a shared token is trained once per trajectory through it, with one
+      and the same importance ratio, so its weight in the loss is ``Σ_i Â_i``, which a tree trained
+      once per node (method §6's packing) carries as the node's advantage. At a ratio inside the
+      clip range this is the authors' loss term for term; their token mean counts a shared token
+      ``d`` times where ours counts it once.
+
+    On a tree without continuations both are GRPO (:func:`grpo_advantages`)."""
+    if not (np.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    tree.branch_uniform_values()  # raises on an unfinished trajectory, like the other estimators
+    finished = [t for t in tree.trajectories if t.finished]
+    leaf_adv = np.zeros(len(tree.nodes), dtype=np.float64)
+    if len(finished) >= 2:
+        rewards = np.array([tree.trajectory_reward(t.id) for t in finished])
+        if not _is_uniform(rewards):
+            centred = rewards - rewards.mean()
+            if scale_by_std:
+                centred = centred / (rewards.std(ddof=1) + eps)
+            for traj, a in zip(finished, centred, strict=True):
+                leaf_adv[traj.leaf] = a
+    total = leaf_adv.copy()
+    count = np.array([1.0 if n.terminal else 0.0 for n in tree.nodes])
+    for node in reversed(tree.nodes[1:]):
+        total[node.parent] += total[node.id]
+        count[node.parent] += count[node.id]
+    adv = total if soft else np.divide(total, count, out=np.zeros_like(total), where=count > 0)
+    adv[ROOT] = 0.0
+    return adv
+
+
 # ---------------------------------------------------------------------------- tokens
 @dataclass(frozen=True)
 class TokenAdvantages:
@@ -292,6 +339,16 @@ def _grpo(trees: Sequence[RolloutTree]) -> list[np.ndarray]:
 @register_adv_est("treepo")
 def _treepo(trees: Sequence[RolloutTree]) -> list[np.ndarray]:
     return treepo_advantages(trees)
+
+
+@register_adv_est("arpo-hard")
+def _arpo_hard(trees: Sequence[RolloutTree]) -> list[np.ndarray]:
+    return [arpo_advantages(t, soft=False) for t in as_tree_list(trees)]
+
+
+@register_adv_est("arpo-soft")
+def _arpo_soft(trees: Sequence[RolloutTree]) -> list[np.ndarray]:
+    return [arpo_advantages(t, soft=True) for t in as_tree_list(trees)]
 
 
 def _is_uniform(values: np.ndarray) -> bool:

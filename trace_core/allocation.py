@@ -11,7 +11,9 @@ across steps (GRESO, the posterior-aware TRACE roots: a :class:`RootRule` that r
 dynamic sampling: a :class:`RoundRule`, with GRESO's skip filter in front of it as a
 :class:`CandidateFilter`), and ``trace-tokens``, whose step is priced in generated tokens (method
 §10: a :class:`TokenRule`, solved in :mod:`trace_core.token_budget`; a :class:`BudgetSpec` may carry
-``tokens_per_step``). Each is a field of :class:`Method`, as are method §5's root exploration
+``tokens_per_step``), and ``arpo``, whose prefix rule reads the entropy of the policy's tokens after
+each tool result (:class:`ArpoPrefixes`, an :class:`EntropyReader`; a prefix rule reads its
+anchors' :class:`AnchorSignals`). Each is a field of :class:`Method`, as are method §5's root exploration
 (:func:`explore_roots`) and the advantage estimator the method trains with; nothing reads a
 method's name.
 """
@@ -26,6 +28,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from trace_core.advantages import AdvantageEstimator, get_advantage_estimator
+from trace_core.arpo import ArpoConfig, arpo_placement
 from trace_core.history import GresoConfig, HistoryView, PosteriorConfig, beta_posterior, greso_keep
 from trace_core.knapsack import KnapsackRoots
 from trace_core.vip import VipRoots
@@ -755,7 +758,75 @@ class StatelessRoots:
         return self.choose(v, spec, rng) if budget is None else self.choose(v, spec, rng, budget=budget)
 
 
-PrefixRule = Callable[[np.ndarray, np.ndarray, int, np.ndarray, np.random.Generator], np.ndarray]
+@dataclass(frozen=True)
+class EntropySignals:
+    """Per-anchor entropy features of one prompt's finished bare rollouts (ARPO's branch signal,
+    :func:`~trace_core.arpo.anchor_entropy`), each normalised by ``log |V|``."""
+
+    after: np.ndarray  # float64 (A,): the first k tokens the rollout wrote after the anchor's tool result
+    initial: np.ndarray  # float64 (A,): the first k tokens of that rollout's first turn
+
+    def __post_init__(self) -> None:
+        after = np.asarray(self.after, dtype=np.float64)
+        initial = np.asarray(self.initial, dtype=np.float64)
+        if after.ndim != 1 or after.shape != initial.shape:
+            raise ValueError(f"after and initial need one entry per anchor, got shapes {after.shape} and "
+                             f"{initial.shape}")
+        if not (np.all(np.isfinite(after)) and np.all(np.isfinite(initial))):
+            raise ValueError("entropy signals must be finite")
+        object.__setattr__(self, "after", after)
+        object.__setattr__(self, "initial", initial)
+
+    @property
+    def change(self) -> np.ndarray:
+        """ΔH: each anchor's entropy after its tool result less its rollout's initial entropy."""
+        return self.after - self.initial
+
+
+@dataclass(frozen=True)
+class AnchorSignals:
+    """What a prefix rule reads of one prompt's anchors, one entry per anchor: the predictor's score
+    ``p``, the outcome ``r`` of the bare rollout through the anchor (1.0 success), its depth ``turn``,
+    the bare rollout it belongs to (``rollout``: its trajectory id; None where the caller has none)
+    and, for a rule that reads them (:class:`EntropyReader`), the entropy features. Validated on
+    construction (:func:`_check_prefix_inputs`)."""
+
+    p: np.ndarray
+    r: np.ndarray
+    turn: np.ndarray
+    rollout: np.ndarray | None = None
+    entropy: EntropySignals | None = None
+
+    def __post_init__(self) -> None:
+        p, r, t = _check_prefix_inputs(self.p, self.r, self.turn)
+        object.__setattr__(self, "p", p)
+        object.__setattr__(self, "r", r)
+        object.__setattr__(self, "turn", t)
+        if self.rollout is not None:
+            rollout = np.asarray(self.rollout, dtype=np.int64)
+            if rollout.shape != p.shape:
+                raise ValueError(f"rollout has shape {rollout.shape} but p has shape {p.shape}")
+            object.__setattr__(self, "rollout", rollout)
+        if self.entropy is not None and self.entropy.after.shape != p.shape:
+            raise ValueError(f"the entropy signals have shape {self.entropy.after.shape} but p has shape {p.shape}")
+
+    @property
+    def size(self) -> int:
+        return int(self.p.shape[0])
+
+
+# A prefix rule: (the prompt's anchor signals, its prefix budget, rng) → K per anchor spending the
+# whole budget, or a PrefixPlacement that sends part of it back to the root (ARPO's global fill).
+PrefixRule = Callable[[AnchorSignals, int, np.random.Generator], "np.ndarray | PrefixPlacement"]
+
+
+@runtime_checkable
+class EntropyReader(Protocol):
+    """A prefix rule that reads the entropy of the tokens written after each anchor's tool result
+    (ARPO): its caller hands it :class:`EntropySignals` over windows of ``entropy_window`` tokens."""
+
+    @property
+    def entropy_window(self) -> int: ...
 
 
 def _uniform_prompts(num_prompts: int, pool: int, group: int, rng: np.random.Generator) -> np.ndarray:
@@ -796,21 +867,39 @@ def roots_trace(v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, budge
     return allocate_roots(v, spec.roots_M if budget is None else budget, spec.max_per_prompt)
 
 
-def prefixes_trace(p: np.ndarray, r: np.ndarray, budget: int, turn: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def prefixes_trace(anchors: AnchorSignals, budget: int, rng: np.random.Generator) -> np.ndarray:
     """TRACE stage 2: the exact optimum of method §3."""
-    return allocate_prefixes(p, r, budget, turn)
+    return allocate_prefixes(anchors.p, anchors.r, budget, anchors.turn)
 
 
-def prefixes_random(
-    p: np.ndarray, r: np.ndarray, budget: int, turn: np.ndarray, rng: np.random.Generator
-) -> np.ndarray:
+def prefixes_random(anchors: AnchorSignals, budget: int, rng: np.random.Generator) -> np.ndarray:
     """TreePO / trace-root-only: each continuation goes to a uniformly random anchor."""
-    _check_prefix_inputs(p, r, turn)
-    if budget and p.shape[0] == 0:
+    n = anchors.size
+    if budget and n == 0:
         raise ValueError(f"budget = {budget} but there are no anchors to spend it on")
-    if p.shape[0] == 0:
+    if n == 0:
         return np.zeros(0, dtype=np.int64)
-    return np.bincount(rng.integers(0, p.shape[0], size=budget), minlength=p.shape[0]).astype(np.int64)
+    return np.bincount(rng.integers(0, n, size=budget), minlength=n).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ArpoPrefixes:
+    """ARPO's prefix rule (arXiv 2507.19849; :mod:`trace_core.arpo`): continuations at the anchors
+    whose entropy rose after their tool result (:func:`~trace_core.arpo.arpo_placement`, up to
+    ``Z − 1`` per anchor, turn by turn), the rest of the budget as more root rollouts. It reads the
+    anchors' :class:`EntropySignals` (an :class:`EntropyReader`), not the predictor."""
+
+    config: ArpoConfig = ArpoConfig()
+
+    @property
+    def entropy_window(self) -> int:
+        return int(self.config.entropy_window)
+
+    def __call__(self, anchors: AnchorSignals, budget: int, rng: np.random.Generator) -> PrefixPlacement:
+        if anchors.entropy is None:
+            raise ValueError("ARPO's prefix rule reads the anchors' entropy signals; the caller gave none")
+        K, extra = arpo_placement(anchors.turn, anchors.rollout, anchors.entropy.change, budget, self.config, rng)
+        return PrefixPlacement(K, extra)
 
 
 # ============================================================================ rules with memory or rounds
@@ -1199,9 +1288,7 @@ class TokenPricedRoots:
         raise ValueError(_TOKEN_PRICED)
 
 
-def prefixes_token_priced(
-    p: np.ndarray, r: np.ndarray, budget: int, turn: np.ndarray, rng: np.random.Generator
-) -> np.ndarray:
+def prefixes_token_priced(anchors: AnchorSignals, budget: int, rng: np.random.Generator) -> np.ndarray:
     """The trajectory prefix slot of a method priced in tokens: it refuses (see :class:`TokenPricedRoots`)."""
     raise ValueError(_TOKEN_PRICED)
 
@@ -1295,6 +1382,18 @@ class Method:
         return self.prefix_rule is not None
 
     @property
+    def entropy_window(self) -> int | None:
+        """The window (tokens after a tool result) over which the prefix rule reads entropy, when it
+        is an :class:`EntropyReader` (ARPO); None for a rule that reads no entropy."""
+        return int(self.prefix_rule.entropy_window) if isinstance(self.prefix_rule, EntropyReader) else None
+
+    @property
+    def reads_entropy(self) -> bool:
+        """Whether the prefix rule reads the entropy of the policy's tokens (a caller without tokens
+        and log-probs, the simulator, cannot run it)."""
+        return self.entropy_window is not None
+
+    @property
     def prices_tokens(self) -> bool:
         """Whether the method's step is planned in generated tokens (``token_rule``); its trajectory
         rules then refuse."""
@@ -1370,32 +1469,30 @@ class Method:
         if planned != spec.total and not (self.samples_in_rounds or self.prices_tokens):
             raise AssertionError(f"{self.name}: spends {planned} != {spec.total}")
 
-    def allocate_prefixes(
-        self, p: object, r: object, budget: int, turn: object, rng: np.random.Generator
-    ) -> np.ndarray:
+    def place_prefixes(self, anchors: AnchorSignals, budget: int, rng: np.random.Generator) -> PrefixPlacement:
+        """Where one prompt's prefix ``budget`` goes, once its bare rollouts are done: over its
+        anchors by the prefix rule (``anchors``: the signals of each), or — a prompt whose rollouts
+        left no anchor (all one turn long) — all of it as more rollouts from the root, the depth-0
+        anchor (method §3). A rule may itself send part of the budget to the root (ARPO's global
+        fill: it returns a :class:`PrefixPlacement`). The executor and the simulator both place
+        their continuations here. AssertionError if the rule does not spend exactly ``budget``."""
+        n_anchors = anchors.size
+        if budget and n_anchors == 0:
+            return PrefixPlacement(np.zeros(0, dtype=np.int64), int(budget))
         if self.prefix_rule is None:
             if budget:
                 raise ValueError(f"method {self.name!r} does not expand prefixes but got budget {budget}")
-            return np.zeros(np.asarray(p).shape[0], dtype=np.int64)
-        p_arr, r_arr, t = _check_prefix_inputs(p, r, turn)
-        return self.prefix_rule(p_arr, r_arr, int(budget), t, rng)
-
-    def place_prefixes(
-        self, p: object, r: object, budget: int, turn: object, rng: np.random.Generator
-    ) -> PrefixPlacement:
-        """Where one prompt's prefix ``budget`` goes, once its bare rollouts are done: over its
-        anchors by the prefix rule (``p``, ``r``, ``turn``: one entry per anchor), or — a prompt
-        whose rollouts left no anchor (all one turn long) — all of it as more rollouts from the
-        root, the depth-0 anchor (method §3). The executor and the simulator both place their
-        continuations here. AssertionError if the rule does not spend exactly ``budget``."""
-        n_anchors = np.asarray(p).shape[0]
-        if budget and n_anchors == 0:
-            return PrefixPlacement(np.zeros(0, dtype=np.int64), int(budget))
-        K = np.asarray(self.allocate_prefixes(p, r, budget, turn, rng), dtype=np.int64)
-        if int(K.sum()) != int(budget):
-            raise AssertionError(f"{self.name}: prefix allocation spent {int(K.sum())} of {int(budget)}")
-        return PrefixPlacement(K, 0)
-
+            return PrefixPlacement(np.zeros(n_anchors, dtype=np.int64), 0)
+        out = self.prefix_rule(anchors, int(budget), rng)
+        placement = out if isinstance(out, PrefixPlacement) else PrefixPlacement(np.asarray(out, dtype=np.int64), 0)
+        K = np.asarray(placement.K, dtype=np.int64)
+        if K.shape != (n_anchors,) or np.any(K < 0) or placement.extra_roots < 0:
+            raise ValueError(f"{self.name}: the prefix rule placed K of shape {K.shape} (extra "
+                             f"{placement.extra_roots}) for {n_anchors} anchors: one count >= 0 per anchor")
+        spent = int(K.sum()) + int(placement.extra_roots)
+        if spent != int(budget):
+            raise AssertionError(f"{self.name}: prefix allocation spent {spent} of {int(budget)}")
+        return PrefixPlacement(K, int(placement.extra_roots))
 
 METHODS: dict[str, Method] = {}
 
@@ -1460,3 +1557,7 @@ register_method(Method("trace-tokens", TokenPricedRoots(), prefixes_token_priced
                        "method §10: one budget of generated tokens a step; exact roots on quantised costs with a "
                        "reservation for stage 2, then per prompt continuations or more roots by gain per token",
                        uses_predictor=True, token_rule=OneBudget()))
+register_method(Method("arpo", roots_uniform, ArpoPrefixes(),
+                       "ARPO: M/G random prompts × G global rollouts; m_i·N continuations at the anchors whose "
+                       "entropy rose after their tool result (up to Z − 1 = 1 each, turn by turn), the rest as more "
+                       "global rollouts; ARPO's soft advantage attribution", default_advantage="arpo-soft"))

@@ -71,7 +71,7 @@ from typing import Protocol
 import numpy as np
 
 from trace_core.advantages import AdvantageEstimator
-from trace_core.allocation import BudgetSpec, Method, SampledRounds, get_method, sample_in_rounds
+from trace_core.allocation import AnchorSignals, BudgetSpec, Method, SampledRounds, get_method, sample_in_rounds
 from trace_core.costs import (
     CostModel,
     remaining_tokens,
@@ -718,9 +718,16 @@ def run_step(
 
     Every rule comes from ``method``, as in the trainer: its root rule (with the history where it
     reads one), exploration, its group filter and rounds, its prefix rule and its default advantage estimator; the
-    metrics carry the trainer's names (:func:`simulator_metrics`)."""
+    metrics carry the trainer's names (:func:`simulator_metrics`). A method whose prefix rule reads the
+    entropy of the policy's tokens (``method.reads_entropy``: ARPO) is refused with a ValueError: the
+    synthetic paths have no tokens, and a stand-in signal would be an invention, not ARPO."""
     config = config or SimConfig()
     method = get_method(method) if isinstance(method, str) else method
+    if method.reads_entropy:
+        raise ValueError(f"method {method.name!r} branches where the entropy of the tokens the policy wrote after a "
+                         "tool result rose (its prefix rule reads entropy); the simulator's rollouts are synthetic "
+                         "paths without tokens or log-probs, so it cannot run it: run it through the trainer's "
+                         "executor (method §4, ARPO)")
     H = config.horizon_max
     B = spec.pool_size
     token_rng = rng.spawn(1)[0]  # generated tokens only: the step's own stream is left as it was
@@ -784,7 +791,8 @@ def run_step(
         budget = int(prefix_budget[i])
         if budget == 0:
             continue
-        placement = method.place_prefixes(p[a0:a1], anchor_reward[a0:a1], budget, anchor_turn[a0:a1], rng)
+        placement = method.place_prefixes(AnchorSignals(p[a0:a1], anchor_reward[a0:a1], anchor_turn[a0:a1]), budget,
+                                          rng)
         K[a0:a1] = placement.K
         root_extra[i] = placement.extra_roots
     spent = int(m.sum() + K.sum() + root_extra.sum())

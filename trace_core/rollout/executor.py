@@ -13,7 +13,10 @@ scorer; ``None`` for bare groups only: measurements, evaluation), the executor
    continuations with the method's prefix rule, puts a fresh environment at each chosen prefix
    (``restore`` of the snapshot taken there) and submits ``K`` continuations per anchor from the
    anchor's history (one request with ``n = K``; the prefix is reused from the cache);
-4. a prompt without anchors spends its ``m_i·N`` on extra root rollouts (method §3).
+4. a prompt without anchors spends its ``m_i·N`` on extra root rollouts (method §3); a prefix rule
+   may also send part of it to the root itself (ARPO fills what its entropy-driven branches leave
+   with more global rollouts), and a rule that reads entropy is handed, per anchor, the entropy of
+   the tokens its rollout wrote after the anchor's tool result (method §4, "ARPO").
 
 A method priced in generated tokens (``trace-tokens``, method §10) has no ``m_i·N``: its
 expansion carries the step's :class:`TokenAllowance` (stage 1's reservations, the expected costs
@@ -40,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import BudgetSpec, Method, sample_in_rounds
+from trace_core.allocation import AnchorSignals, BudgetSpec, EntropySignals, Method, sample_in_rounds
+from trace_core.arpo import anchor_entropy
 from trace_core.history import HistoryView
 from trace_core.metrics import is_success, tree_is_mixed
 from trace_core.planner import TokenAllowance
@@ -380,19 +384,24 @@ class TreeGrowth:
             return
         tree = state.tree
         assert expansion is not None  # a prefix budget exists only with an expansion
-        anchors, p, r, turn = self._anchors(tree, expansion)
-        placement = expansion.method.place_prefixes(p, r, budget, turn, self._rng)
-        if placement.extra_roots:  # method §3: the root is the depth-0 anchor of an anchorless prompt
+        anchors, signals = self._anchors(tree, expansion)
+        placement = expansion.method.place_prefixes(signals, budget, self._rng)
+        if not anchors:  # method §3: the root is the depth-0 anchor of an anchorless prompt
             self._k_by_anchor[state.task.id] = {ROOT: placement.extra_roots}
             self._event("expand", state, anchors=0, continuations=budget)
             self._start_group(pi, "continuation", ROOT, placement.extra_roots)
             return
-        state.anchor_predictions = {int(a): float(pa) for a, pa in zip(anchors, p, strict=True)}
-        self._k_by_anchor[state.task.id] = {int(a): int(k) for a, k in zip(anchors, placement.K, strict=True) if k > 0}
+        state.anchor_predictions = {int(a): float(pa) for a, pa in zip(anchors, signals.p, strict=True)}
+        by_anchor = {int(a): int(k) for a, k in zip(anchors, placement.K, strict=True) if k > 0}
+        if placement.extra_roots:  # a rule's own fill from the root (ARPO's global samples)
+            by_anchor[ROOT] = placement.extra_roots
+        self._k_by_anchor[state.task.id] = by_anchor
         self._event("expand", state, anchors=len(anchors), continuations=budget)
         for a, k in zip(anchors, placement.K, strict=True):
             if k > 0:
                 self._start_group(pi, "continuation", int(a), int(k))
+        if placement.extra_roots:
+            self._start_group(pi, "continuation", ROOT, placement.extra_roots)
 
     def _spend_allowance(self, pi: int, expansion: Expansion) -> None:
         """Stage 2 of a token-priced method for one prompt whose bare rollouts have finished: its
@@ -401,7 +410,8 @@ class TreeGrowth:
         state = self._prompts[pi]
         tree, tokens, i = state.tree, expansion.tokens, state.index
         assert tokens is not None and expansion.method.token_rule is not None
-        anchors, p, r, turn = self._anchors(tree, expansion)
+        anchors, signals = self._anchors(tree, expansion)
+        p, r, turn = signals.p, signals.r, signals.turn
         root_cost = float(tokens.root_cost[i])
         anchor_cost = np.zeros(0)
         if anchors:
@@ -428,16 +438,23 @@ class TreeGrowth:
             state.done = True
             self._event("prompt_done", state)
 
-    def _anchors(self, tree: RolloutTree, expansion: Expansion
-                 ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
-        """What both expansion rules read of a prompt's finished bare rollouts: its anchors, the
-        scorer's predictions there, each anchor's own rollout's outcome (1.0 success) and its depth
-        (turns before the anchor)."""
+    def _anchors(self, tree: RolloutTree, expansion: Expansion) -> tuple[list[int], AnchorSignals]:
+        """What both expansion rules read of a prompt's finished bare rollouts: its anchors and their
+        signals — the scorer's predictions there, each anchor's own rollout's outcome (1.0 success),
+        its depth (turns before the anchor), that rollout's trajectory id and, for a prefix rule
+        that reads entropy (ARPO), the entropy of the tokens written after the anchor's tool result
+        against the rollout's first (:func:`~trace_core.arpo.anchor_entropy`, normalised by the
+        log of the tokenizer's size)."""
         anchors = tree.anchors()
         p = self._score(tree, anchors, expansion)
         r = is_success([tree.trajectory_reward(tree.nodes[a].trajectory) for a in anchors]).astype(np.float64)
         turn = np.array([tree.nodes[a].depth for a in anchors], dtype=np.int64)
-        return anchors, p, r, turn
+        rollout = np.array([tree.nodes[a].trajectory for a in anchors], dtype=np.int64)
+        entropy = None
+        window = expansion.method.entropy_window
+        if window is not None:
+            entropy = EntropySignals(*anchor_entropy(tree, anchors, window, len(self.tokenizer)))
+        return anchors, AnchorSignals(p, r, turn, rollout, entropy)
 
     def _score(self, tree: RolloutTree, anchors: list[int], expansion: Expansion) -> np.ndarray:
         """The anchor scorer's predictions at ``anchors`` (timed as scoring)."""
