@@ -49,7 +49,10 @@ RECORD_FORMAT = "trace-rl/real-learning-run/1"
 START_FILE = "bench/results/real_policy.json"
 STEP_KEYS = {"rollouts": "counts/rollouts", "generated_tokens": "budget/generated_tokens",
              "mixed_groups": "counts/mixed_groups", "effective_ratio": "effective_ratio",
-             "reward": "reward/mean", "step_wall_s": "cost/step_s"}
+             "reward": "reward/mean", "step_wall_s": "cost/step_s",
+             # where a method's rollouts went (the reading): roots and the anchors it expanded
+             "mean_m_selected": "alloc/mean_m_selected", "mean_rollouts_selected": "alloc/mean_rollouts_selected",
+             "expanded_anchors": "counts/expanded_anchors", "mixed_anchors": "counts/mixed_anchors"}
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -186,7 +189,24 @@ def summarise(record: dict) -> dict:
             # the step figures weighted by the step's rollouts: the run's share of rollouts in mixed groups
             "effective_ratio": float(np.average(steps["effective_ratio"], weights=steps["rollouts"])),
             "rollouts": rollouts[-1], "generated_tokens": sum(record["steps"]["generated_tokens"]),
-            "wall_s": record["wall_s"], "curve": curve}
+            "wall_s": record["wall_s"], **rollout_reading(steps), "curve": curve}
+
+
+def rollout_reading(steps: dict[str, list[float]]) -> dict[str, float]:
+    """Where a run's rollouts went, over the whole run: the share spent on continuations (a step's
+    is 1 − bare rollouts / all rollouts per selected prompt; weighted by the step's rollouts), and
+    of the anchors it expanded the share whose branch group met the opposite outcome (the prefix
+    effective ratio, pooled over the run). Empty for a record written before these step figures
+    were kept."""
+    import numpy as np
+
+    if not steps.get("mean_rollouts_selected"):
+        return {}
+    share = 1.0 - np.asarray(steps["mean_m_selected"]) / np.asarray(steps["mean_rollouts_selected"])
+    expanded = float(sum(steps["expanded_anchors"]))
+    return {"continuation_share": float(np.average(share, weights=steps["rollouts"])),
+            # None (no NaN: the table is compared as JSON) where the run expanded no anchor
+            "prefix_effective_ratio": float(sum(steps["mixed_anchors"])) / expanded if expanded else None}
 
 
 def cmd_table(args: argparse.Namespace) -> dict:
@@ -205,7 +225,7 @@ def cmd_table(args: argparse.Namespace) -> dict:
     write_json(records / "table.json", table)
     print_table([{k: v for k, v in row.items() if k != "curve"} for row in rows],
                 ["method", "seed", "steps", "start", "end", "gain", "gain_se", "gain_in_se", "effective_ratio",
-                 "rollouts", "generated_tokens", "wall_s"])
+                 "continuation_share", "prefix_effective_ratio", "rollouts", "generated_tokens", "wall_s"])
     if not args.no_plot:
         plot(rows, records / "learning.png")
     print(f"wrote {records / 'table.json'}")

@@ -129,6 +129,11 @@ def test_killed_run_resumes_the_same_mlflow_run(tiny_models, server, tmp_path, f
     fault.records([0, 1, 2, 3, 4, 5], steps)
     assert steps == [0, 1, 2, 3, 4, 5], f"steps logged: {steps} (killed after step {killed_at})"
     assert client.get_run(run_id).info.status == "FINISHED"
+    # the per-step figures: appended once per step across the kill, none inside a checkpoint
+    lines = [json.loads(line) for line in (out / "step_history.jsonl").read_text().splitlines()]
+    assert [rec["step"] for rec in lines] == [0, 1, 2, 3, 4, 5]
+    state = json.loads((out / "checkpoints" / "step_000006" / "trainer_state.json").read_text())
+    assert state["history"] == {}
 
 
 def _spy_on_history(trainer, seen: list) -> None:

@@ -73,6 +73,7 @@ from trace_core.training.run_guard import (
     index_dir_of,
     run_identity,
 )
+from trace_core.training.step_history import HISTORY_FILE, append_step, read_history, write_base
 from trace_core.tree import ROOT, RolloutTree, save_trees
 
 STATE_FILE = "trainer_state.json"
@@ -272,6 +273,8 @@ class Trainer:
         self._latest = self._latest_checkpoint()
         if self._latest is not None:
             self._load_trainer_state(self._latest)
+        else:  # figures of a start that crashed before its first checkpoint: that run starts over
+            read_history(self.out / HISTORY_FILE, 0)
 
     def _build(self, cfg: TrainConfig, engine: Any) -> None:
         """The engine, the policy and the predictor (from the last checkpoint, if any)."""
@@ -672,6 +675,9 @@ class Trainer:
             self.state.step = step + 1
             for key, value in metrics.items():
                 self.state.history.setdefault(key, []).append(float(value))
+            history_file = self.out / HISTORY_FILE
+            with doing("appending the step's figures", history_file):
+                append_step(history_file, step, metrics)  # the checkpoint holds no figures: it stays flat
             self.state.pending.append({"step": step, "timestamp": int(time.time() * 1000), "metrics": metrics})
             # Every tree of the step, and its allocation, on disk before the checkpoint that
             # records them as pending: a crash after it loses neither.
@@ -756,7 +762,8 @@ class Trainer:
             pickle.dump({"numpy": self.rng.bit_generator.state, "torch": torch.get_rng_state()}, f)
         self.state.run_id = self.tracker.run_id
         self.state.identity = self.identity
-        (tmp / STATE_FILE).write_text(json.dumps(self.state.__dict__, default=float))
+        # the per-step figures live in HISTORY_FILE (appended each step), not in every checkpoint
+        (tmp / STATE_FILE).write_text(json.dumps({**self.state.__dict__, "history": {}}, default=float))
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
         pointer = self._ckpt_root / "latest"
@@ -768,8 +775,10 @@ class Trainer:
 
     def _load_trainer_state(self, path: Path) -> None:
         data = json.loads((path / STATE_FILE).read_text())
-        if data.get("history") is None:  # a checkpoint written when the field could be null
-            data["history"] = {}
+        history_file = self.out / HISTORY_FILE
+        if data.get("history"):  # a checkpoint written when it carried the figures itself
+            write_base(history_file, data["history"], data["step"])
+        data["history"] = read_history(history_file, data["step"])
         self.state = TrainerState(**data)
         self.planner.load_state_dict({"root_outcomes": self.state.root_outcomes,
                                       "token_ledger": self.state.token_ledger})
