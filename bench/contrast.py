@@ -3,7 +3,8 @@ effective ratio, prefix effective ratio, contrastive yield (method §7) and roll
 of GRPO (G = 8), PCL, TreePO, TRACE with an oracle, a noisy and a learned predictor, both
 ablations, the history-based and round baselines GRESO, DAPO (both as their authors run them:
 they spend what their rounds sample, reported as ``spent``) and our budget-capped DAPO
-(``dapo-capped``), and the posterior-aware TRACE roots (exact and Thompson) — in both simulator
+(``dapo-capped``), and the posterior-aware TRACE roots (exact and Thompson) and Knapsack-RL's history-based budgets (``knapsack-rl``; ARPO reads token entropies the
+simulator does not have, so it is not here) — in both simulator
 modes: fresh i.i.d. prompts every step, and a persistent pool whose prompts recur and drift. Both
 budget kinds (method §10): every row above at its trajectory budget, and GRPO, PCL and the
 token-priced ``trace-tokens`` at an equal budget of generated tokens, with mixed groups per 1,000
@@ -97,6 +98,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("trace-posterior-thompson / learned", "trace-posterior-thompson", "learned"),
     ("vip / noisy", "vip", "noisy"),
     ("vip / learned", "vip", "learned"),
+    ("knapsack-rl", "knapsack-rl", "none"),
 ]
 MODES = ("iid", "persistent")
 # At an equal budget of generated tokens (method §10): (label, method, predictor kind)
@@ -107,6 +109,7 @@ TOKEN_ROWS: list[tuple[str, str, str]] = [
     ("trace-tokens / oracle", "trace-tokens", "oracle"),
     ("trace-tokens / noisy", "trace-tokens", "noisy"),
     ("trace-tokens / learned", "trace-tokens", "learned"),
+    ("knapsack-rl", "knapsack-rl", "none"),
 ]
 # Rows of the main table shown beside them at their trajectory budget (the --token-budget-only run runs them too)
 TOKEN_REFERENCE_ROWS = [r for r in ROWS if r[0] in ("grpo", "pcl / oracle", "trace / oracle", "trace / learned")]
