@@ -1,0 +1,62 @@
+"""bench/real_learning: a run's held-out gain paired by question, and the committed tables
+recomputed from their committed records alone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench import real_learning as rl
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = sorted(p.parent for p in (REPO / "bench" / "results").glob("real_learning*/table.json"))
+
+
+def _record(start: dict[str, int], end: dict[str, int]) -> dict:
+    return {"format": rl.RECORD_FORMAT, "method": "grpo", "seed": 0, "commit": "abc", "dirty": False,
+            "settings": {"steps": 2}, "wall_s": 10.0,
+            "steps": {"rollouts": [8.0, 8.0], "generated_tokens": [100.0, 140.0], "effective_ratio": [0.5, 0.25],
+                      "mixed_groups": [1.0, 0.5], "reward": [0.4, 0.5], "step_wall_s": [4.0, 5.0]},
+            "heldout": [{"step": 0, "samples": 4, "successes": start}, {"step": 2, "samples": 4, "successes": end}]}
+
+
+def test_a_runs_gain_is_paired_by_question():
+    row = rl.summarise(_record({"a": 1, "b": 2, "c": 0}, {"a": 3, "b": 2, "c": 1}))
+    # per question: +2/4, 0, +1/4 -> mean 0.25, SE = std([0.5, 0, 0.25], ddof=1)/sqrt(3)
+    assert row["gain"] == pytest.approx(0.25)
+    assert row["gain_se"] == pytest.approx(0.25 / 3 ** 0.5)
+    assert row["gain_in_se"] == pytest.approx(3 ** 0.5)
+    assert row["start"] == pytest.approx(3 / 12) and row["end"] == pytest.approx(6 / 12)
+    # the step figures weighted by each step's rollouts, and the curve on cumulative rollouts
+    assert row["effective_ratio"] == pytest.approx(0.375)
+    assert row["rollouts"] == 16.0 and row["generated_tokens"] == 240.0
+    assert [c["rollouts"] for c in row["curve"]] == [0.0, 16.0]
+
+
+def test_the_reading_says_where_the_rollouts_went():
+    record = _record({"a": 1}, {"a": 2})
+    # step 1: 4 bare rollouts per selected prompt of 4 in all (no continuation); step 2: 2 of 4
+    record["steps"].update({"mean_m_selected": [4.0, 2.0], "mean_rollouts_selected": [4.0, 4.0],
+                            "expanded_anchors": [0.0, 4.0], "mixed_anchors": [0.0, 1.0]})
+    row = rl.summarise(record)
+    assert row["continuation_share"] == pytest.approx(0.25)  # (0·8 + 0.5·8) / 16
+    assert row["prefix_effective_ratio"] == pytest.approx(0.25)
+
+
+def test_questions_measured_only_once_are_refused():
+    with pytest.raises(ValueError, match="same questions"):
+        rl.summarise(_record({"a": 1, "b": 2}, {"a": 3, "c": 2}))
+
+
+def test_every_committed_table_is_recomputed_from_its_records(tmp_path):
+    assert COMMITTED, "no committed bench/results/real_learning*/table.json"
+    for folder in COMMITTED:
+        copy = tmp_path / folder.name
+        shutil.copytree(folder / "runs", copy / "runs")
+        rl.main(["table", "--records", str(copy), "--no-plot"])
+        recomputed = json.loads((copy / "table.json").read_text())
+        committed = json.loads((folder / "table.json").read_text())
+        assert recomputed == committed, folder.name
