@@ -3,12 +3,12 @@ effective ratio, prefix effective ratio, contrastive yield (method §7) and roll
 of GRPO (G = 8), PCL, TreePO, TRACE with an oracle, a noisy and a learned predictor, both
 ablations, the history-based and round baselines GRESO, DAPO (both as their authors run them:
 they spend what their rounds sample, reported as ``spent``) and our budget-capped DAPO
-(``dapo-capped``), and the posterior-aware TRACE roots (exact and Thompson) and Knapsack-RL's history-based budgets (``knapsack-rl``; ARPO reads token entropies the
-simulator does not have, so it is not here) — in both simulator
-modes: fresh i.i.d. prompts every step, and a persistent pool whose prompts recur and drift. Both
-budget kinds (method §10): every row above at its trajectory budget, and GRPO, PCL and the
-token-priced ``trace-tokens`` at an equal budget of generated tokens, with mixed groups per 1,000
-generated tokens for all of them.
+(``dapo-capped``), the posterior-aware TRACE roots (exact and Thompson) and Knapsack-RL's
+history-based budgets (``knapsack-rl``; ARPO reads token entropies the simulator does not have, so
+it is not here) — in both simulator modes: fresh i.i.d. prompts every step, and a persistent pool
+whose prompts recur and drift. Both budget kinds (method §10): every row above at its trajectory
+budget, and GRPO, PCL, Knapsack-RL and the token-priced ``trace-tokens`` at an equal budget of
+generated tokens, with mixed groups per 1,000 generated tokens for all of them.
 
     python -m bench.contrast [--quick] [--workers 2] [--seed 0] [--out bench/results/contrast.json]
     python -m bench.contrast --posterior-sweep --seed 100     # how the posterior's defaults were fixed
