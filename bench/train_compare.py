@@ -313,11 +313,9 @@ def allocation_shift(folder: Path) -> dict[str, float] | None:
 def checkpoint_history(folder: Path) -> dict:
     """The per-step history a run folder's last checkpoint holds (every step's logged figures);
     empty when the folder has no checkpoint."""
-    pointer = folder / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return {}
-    state = folder / "checkpoints" / pointer.read_text().strip() / "trainer_state.json"
-    return (json.loads(state.read_text()).get("history") or {}) if state.is_file() else {}
+    from trace_core.training.step_history import run_history
+
+    return run_history(folder)
 
 
 def complete_series(run: dict, folder: Path) -> dict:

@@ -255,8 +255,11 @@ def test_the_example_trains_both_side_by_side_and_logs_to_mlflow(tmp_path):
 
     repo = Path(__file__).resolve().parents[1]
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    # as from a shell: without the launcher variables an in-process distributed test may have set
+    launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launcher_vars}
     out = subprocess.run([sys.executable, "examples/trl_trace.py", "--out", str(tmp_path / "runs"), "--steps", "1",
-                          "--mlflow-uri", uri], capture_output=True, text=True, cwd=repo, timeout=900)
+                          "--mlflow-uri", uri], capture_output=True, text=True, cwd=repo, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     means = [re.search(r"\smean\s+(\S+)\s+(\S+)$", line) for line in out.stdout.splitlines()]
     means = [m for m in means if m]

@@ -189,7 +189,9 @@ def test_a_folder_filled_mid_run_fails_plainly_and_resumes(folder, tiny_models, 
         where = re.escape(str(mounted))
         cause = (rf"^  cause: writing the step's trees \({where}/step\d+\.jsonl\.gz\): no space left on device$"
                  if folder == "trees" else
-                 rf"^  cause: spooling the step's records \({where}\): no space left on device \({where}/\S+\)$")
+                 # the file the spool could not write; a copied artifact names its source too ("src -> dst")
+                 rf"^  cause: spooling the step's records \({where}\): no space left on device "
+                 rf"\((\S+ -> )?{where}/\S+\)$")
         _check_failure(err, rc, uri, out, argv, cause, debug=debug)
         _, failed = _the_run(uri, out)
         filler.unlink()

@@ -37,3 +37,17 @@ def test_figures_an_old_checkpoint_carried_become_the_base(tmp_path):
     assert read_history(path, before=3) == {"loss": [0.5, 0.25, 0.125]}
     with pytest.raises(ValueError, match="past the checkpoint's step 1"):
         read_history(path, before=1)
+
+
+def test_a_run_folders_figures_are_read_up_to_its_last_checkpoint_without_touching_it(tmp_path):
+    from trace_core.training.step_history import run_history
+
+    for step in range(3):
+        append_step(tmp_path / "step_history.jsonl", step, {"loss": float(step)})
+    assert run_history(tmp_path) == {}  # no checkpoint yet
+    (tmp_path / "checkpoints" / "step_000002").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest").write_text("step_000002")
+    (tmp_path / "checkpoints" / "step_000002" / "trainer_state.json").write_text(json.dumps({"step": 2, "history": {}}))
+    before = (tmp_path / "step_history.jsonl").read_text()
+    assert run_history(tmp_path) == {"loss": [0.0, 1.0]}
+    assert (tmp_path / "step_history.jsonl").read_text() == before  # a reader cuts nothing

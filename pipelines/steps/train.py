@@ -133,9 +133,9 @@ def _train(cfg: TrainConfig, tags: dict[str, str], method: str, fp: str, placeme
         tracker.log_params(flatten(cfg))
         Trainer(cfg, tracker=tracker).run()
     summary = json.loads((run_dir / "summary.json").read_text())
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    state = json.loads((run_dir / "checkpoints" / latest / "trainer_state.json").read_text())
-    (run_dir / "history.json").write_text(json.dumps(state["history"]))  # every step's metrics
+    from trace_core.training.step_history import run_history
+
+    (run_dir / "history.json").write_text(json.dumps(run_history(run_dir)))  # every step's metrics
     if nodes > 1 or gpus > 1:  # the trainer's own run: add the lineage tags to it
         from dataclasses import replace
 

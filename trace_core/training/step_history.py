@@ -33,10 +33,11 @@ def write_base(path: Path, history: dict[str, list[float]], upto: int) -> None:
     _replace(path, [json.dumps({"base": history, "upto": int(upto)})])
 
 
-def read_history(path: Path, before: int) -> dict[str, list[float]]:
+def read_history(path: Path, before: int, cut: bool = True) -> dict[str, list[float]]:
     """The figures of steps ``< before``, in step order, as lists per name (a name a step did not
-    report is skipped for that step, as when the figures are gathered live); the file is cut back
-    to those steps. A torn last line (a crash mid-write) is dropped."""
+    report is skipped for that step, as when the figures are gathered live); with ``cut`` the file
+    is cut back to those steps (what a resume does). A torn last line (a crash mid-write) is
+    dropped."""
     history: dict[str, list[float]] = {}
     kept: list[str] = []
     if not path.is_file():
@@ -58,9 +59,25 @@ def read_history(path: Path, before: int) -> dict[str, list[float]]:
             for key, value in record["metrics"].items():
                 history.setdefault(key, []).append(float(value))
         kept.append(line)
-    if len(kept) != len(lines):
+    if cut and len(kept) != len(lines):
         _replace(path, kept)
     return history
+
+
+def run_history(run_dir: Path, state_file: str = "trainer_state.json") -> dict[str, list[float]]:
+    """A run folder's per-step figures up to its last checkpoint (what a resume would read back),
+    without touching the folder; empty when it has no checkpoint. A checkpoint of the old layout
+    carries them itself."""
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return {}
+    state_path = run_dir / "checkpoints" / pointer.read_text().strip() / state_file
+    if not state_path.is_file():
+        return {}
+    state = json.loads(state_path.read_text())
+    if state.get("history"):
+        return state["history"]
+    return read_history(run_dir / HISTORY_FILE, int(state["step"]), cut=False)
 
 
 def _replace(path: Path, lines: list[str]) -> None:
