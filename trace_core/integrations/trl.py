@@ -75,9 +75,9 @@ from trace_core.rollout.env import Task
 from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of
 from trace_core.rollout.hf_engine import HFEngine
 from trace_core.seeding import derive_seed, predictor_seed, step_sampling_seed
-from trace_core.token_budget import TokenLedger, tree_step_costs
+from trace_core.token_budget import TokenLedger
 from trace_core.training.config import BudgetConfig, check_method_budget
-from trace_core.tree import ROOT, RolloutTree
+from trace_core.tree import RolloutTree
 
 if TYPE_CHECKING:
     from trl import GRPOConfig, GRPOTrainer
@@ -402,22 +402,20 @@ class TraceSteps:
         step = self.trace_steps
         ids = [t.id for t in pool]
         v = self.predictor.score_histories([self._prompt_tokens(t) for t in pool])
-        ledger = self.planner.ledger  # the costs as they stand before this step's rollouts
         plan = self.planner.plan_roots(v, ids, step, self.trace_rng)
         result = self._roll_out(pool, plan, step)
         trees = result.trees
         root_pred = dict(zip(ids, v.tolist(), strict=True))
-        pstats = self.predictor.update(trees, _predictions(result, root_pred))
+        pstats = self.predictor.update(trees, result.predictions_before_update(root_pred))
         advantages = self._advantages(trees)
         rows = trajectory_rows(trees, advantages)
         if len(rows) != self.spec.total:  # the rows are TRL's generation batch: a loud guard on the budget
             raise AssertionError(f"{self.method.name}: the step rolled out {len(rows)} trajectories, expected "
                                  f"M(1+N) = {self.spec.total}")
         metrics = self._step_figures(result, plan, advantages)
-        metrics.update(self.planner.observe_costs(
-            tree_step_costs(trees, ledger, dict(zip(ids, plan.root_cost.tolist(), strict=True)), None)))
+        metrics.update(self.planner.observe_trees(step, trees, dict(zip(ids, plan.root_cost.tolist(), strict=True)),
+                                                  root_pred, plan))
         metrics.update({f"predictor/{k}": float(x) for k, x in pstats.items()})
-        self._record_root_outcomes(step, trees, root_pred)
         return TraceStep(step, pool, v, plan, trees, advantages, rows, metrics)
 
     def _roll_out(self, pool: list[Task], plan: RootPlan, step: int) -> RolloutResult:
@@ -459,12 +457,6 @@ class TraceSteps:
                         "alloc/max_m": float(plan.m.max()),
                         "history/prompts": float(len(self.planner.history))})  # prompts with a record before
         return metrics
-
-    def _record_root_outcomes(self, step: int, trees: list[RolloutTree], root_pred: dict[str, float]) -> None:
-        ids = [t.prompt_id for t in trees]
-        rewards = [np.array([t.trajectory_reward(b.id) for b in t.bare_trajectories()], dtype=np.float64)
-                   for t in trees]
-        self.planner.record_root_outcomes(step, ids, rewards, np.array([root_pred[i] for i in ids]))
 
     def _prompt_tokens(self, task: Task) -> list[int]:
         """The prompt's token ids as the rollout renders them (what the predictor scores)."""
@@ -593,17 +585,6 @@ def __getattr__(name: str) -> Any:
     if name == "TraceGRPOTrainer":
         return trainer_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _predictions(result: RolloutResult, root_pred: dict[str, float]) -> list[np.ndarray]:
-    """Per tree, the predictions made before the update (root: stage 1, anchors: stage 2), so the
-    predictor's out-of-sample figures are honest."""
-    out = []
-    for tree, anchor_pred in zip(result.trees, result.anchor_predictions, strict=True):
-        p = anchor_pred.copy()
-        p[ROOT] = root_pred[tree.prompt_id]
-        out.append(p)
-    return out
 
 
 def _check_unique_tasks(dataset: Any) -> None:

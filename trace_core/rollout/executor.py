@@ -136,6 +136,17 @@ class RolloutResult:
     kept: list[bool] = field(default_factory=list)
     rounds: int = 1  # executor runs that produced the trees (a round rule's rounds)
 
+    def predictions_before_update(self, root_pred: dict[str, float]) -> list[np.ndarray]:
+        """Per tree, the predictions made before the predictor saw these trees — the root's from
+        stage 1 (``root_pred``: prompt id -> score), the anchors' from stage 2 — so that the
+        predictor's out-of-sample figures are honest."""
+        out = []
+        for tree, anchor_pred in zip(self.trees, self.anchor_predictions, strict=True):
+            p = anchor_pred.copy()
+            p[ROOT] = root_pred[tree.prompt_id]
+            out.append(p)
+        return out
+
 
 @dataclass
 class RoundsResult:

@@ -33,6 +33,13 @@ def write_base(path: Path, history: dict[str, list[float]], upto: int) -> None:
     _replace(path, [json.dumps({"base": history, "upto": int(upto)})])
 
 
+def start_over(path: Path) -> None:
+    """Empty the file of a run that starts from no checkpoint (a start that crashed before its
+    first one left figures no resume will read)."""
+    if path.is_file():
+        _replace(path, [])
+
+
 def read_history(path: Path, before: int, cut: bool = True) -> dict[str, list[float]]:
     """The figures of steps ``< before``, in step order, as lists per name (a name a step did not
     report is skipped for that step, as when the figures are gathered live); with ``cut`` the file

@@ -73,7 +73,7 @@ from trace_core.training.run_guard import (
     index_dir_of,
     run_identity,
 )
-from trace_core.training.step_history import HISTORY_FILE, append_step, read_history, write_base
+from trace_core.training.step_history import HISTORY_FILE, append_step, read_history, start_over, write_base
 from trace_core.tree import ROOT, RolloutTree, save_trees
 
 STATE_FILE = "trainer_state.json"
@@ -274,7 +274,7 @@ class Trainer:
         if self._latest is not None:
             self._load_trainer_state(self._latest)
         else:  # figures of a start that crashed before its first checkpoint: that run starts over
-            read_history(self.out / HISTORY_FILE, 0)
+            start_over(self.out / HISTORY_FILE)
 
     def _build(self, cfg: TrainConfig, engine: Any) -> None:
         """The engine, the policy and the predictor (from the last checkpoint, if any)."""
@@ -511,13 +511,8 @@ class Trainer:
         kept = [bool(k) for k in result.kept]
         trained = [t for t, k in zip(trees, kept, strict=True) if k]
         # Predictions made before the update (roots: stage 1; anchors: stage 2) for honest Spearman.
-        predictions = []
-        for tree, anchor_pred in zip(trees, result.anchor_predictions, strict=True):
-            p = anchor_pred.copy()
-            p[ROOT] = root_pred[tree.prompt_id]
-            predictions.append(p)
         with prof.phase("predictor_update"):
-            pstats = self.predictor.update(trees, predictions)
+            pstats = self.predictor.update(trees, result.predictions_before_update(root_pred))
         advantages = self.estimator(trained)
         ostats: dict[str, float] = {}
         if trained:  # a group filter can leave nothing to train on
