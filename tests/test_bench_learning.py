@@ -60,7 +60,13 @@ def test_train_compare_ratios_are_pooled_counts_with_wilson_intervals() -> None:
     assert trace["effective_ratio"] == mixed / activated
     assert trace["effective_ratio_ci90"] == list(wilson_interval(int(mixed), int(activated)))
     assert "seeds [0, 1, 2]" in committed["targets"]["trace effective ratio >= 1.8x grpo"]
-    assert train_compare.summarise is not None
+    # summarise gives these figures from the runs' series: the ratio pooled as counts, not a mean of ratios
+    rows, _ = train_compare.summarise(train_compare.results_runs(committed), ["grpo", "trace"],
+                                      committed["budget"]["pool_k"], committed.get("pool_size", 128))
+    row = next(r for r in rows if r["method"] == "trace")
+    assert row["seeds"] == trace["seeds"]
+    assert row["effective_ratio"] == pytest.approx(mixed / activated, rel=1e-12)
+    assert row["effective_ratio_ci90"] == pytest.approx(list(wilson_interval(int(mixed), int(activated))), rel=1e-12)
 
 
 def _run(variant: str, seed: int, rollouts: list[int], tokens: list[int], pool: list[dict], mixed: list[int],

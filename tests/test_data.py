@@ -178,10 +178,22 @@ def test_fixture_datasets_pass_their_suites() -> None:
         ]
         for e in load_dataset(name, FIX / f, validate=False)
     ]
+    # every fixture record is loaded (a suite passes an empty list too), under its task and source
+    assert Counter(e.source for e in math_rows) == {"deepscaler": 3, "aime24": 2, "amc23": 3, "math500": 3,
+                                                    "minervamath": 2, "olympiadbench": 2}
+    assert Counter(e.source for e in mc_rows) == {"mmlu_pro": 2, "arc_challenge": 3, "gpqa_diamond": 3}
+    assert Counter(e.source for e in qa_rows) == {"hotpotqa": 2, "2wikimultihopqa": 2, "musique": 2, "bamboogle": 2}
+    assert {e.task for e in math_rows + mc_rows} == {"math"} and {e.task for e in qa_rows} == {"qa"}
+    assert all(e.prompt.strip() and e.answers for e in math_rows + mc_rows + qa_rows)
+    assert all(len(e.choices) >= 2 for e in mc_rows) and not any(e.choices for e in math_rows + qa_rows)
+    known = next(e for e in math_rows if e.id == "aime24-60")
+    assert (known.split, known.answers, known.metadata["year"]) == ("test", ["500"], "2024")
     validate_examples(math_rows, "math fixtures", "math")
     validate_examples(mc_rows, "mc fixtures", "mc")
     validate_examples(qa_rows, "qa fixtures", "qa")
-    load_dataset("bfcl", FIX / "bfcl" / "BFCL_v4_multi_turn_miss_func.json")  # validates by default
+    fc_rows = load_dataset("bfcl", FIX / "bfcl" / "BFCL_v4_multi_turn_miss_func.json")  # validates by default
+    assert [(e.id, e.task, e.split) for e in fc_rows] == [("multi_turn_miss_func_3", "fc", "train"),
+                                                        ("multi_turn_miss_func_150", "fc", "train")]
 
 
 # ------------------------------------------------------------------------------------- validation

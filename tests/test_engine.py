@@ -93,8 +93,35 @@ def test_tiny_model_is_seeded_and_untied(tiny_models, reference_models):
 # -- engines ---------------------------------------------------------------------------------------
 
 
-def test_engines_satisfy_the_protocol(engine):
+def test_engines_keep_the_protocols_promises(engine, tiny_tokenizer, tiny_models):
+    """What :class:`RolloutEngine` promises beyond its method names: ``submit`` queues (ids unique
+    among pending), ``num_pending`` counts what ``poll`` has not delivered, ``poll`` hands back each
+    request once, whole (``n`` samples in order, the history as received), with the step that
+    delivered it, and nothing when idle; ``load_weights`` refuses while requests are pending."""
     assert isinstance(engine, RolloutEngine)
+    prompt = _prompt(tiny_tokenizer, "What is 3 + 4?")
+    reqs = [GenerationRequest("a", prompt, SamplingConfig(n=2, max_new_tokens=3, seed=0, ignore_eos=True)),
+            GenerationRequest("b", prompt[:-1], SamplingConfig(n=1, max_new_tokens=5, seed=1, ignore_eos=True))]
+    assert engine.num_pending == 0 and engine.poll() == []
+    engine.submit(reqs)
+    assert engine.num_pending == 2
+    with pytest.raises(ValueError, match="already pending"):
+        engine.submit([GenerationRequest("a", prompt)])
+    with pytest.raises(ValueError, match="idle engine"):
+        engine.load_weights(str(tiny_models[0]))
+    delivered = []
+    while engine.num_pending:
+        delivered += engine.poll()
+        assert engine.num_pending == 2 - len(delivered)
+    assert engine.poll() == []
+    assert sorted(c.request_id for c in delivered) == ["a", "b"]
+    assert [c.step for c in delivered] == sorted(c.step for c in delivered)  # delivery order is step order
+    for comp in delivered:
+        req = next(r for r in reqs if r.request_id == comp.request_id)
+        assert comp.prompt_token_ids == req.prompt_token_ids and len(comp.samples) == req.sampling.n
+        for sample in comp.samples:
+            assert len(sample.token_ids) == len(sample.logprobs) == req.sampling.max_new_tokens
+            assert sample.finish_reason == "length" and all(lp <= 0 for lp in sample.logprobs)
 
 
 def test_build_engine_makes_the_kind_its_config_names(tiny_models, monkeypatch):

@@ -16,13 +16,20 @@ from trace_core.training.ppo import (
     PPOLossConfig,
     pack_trees_for_training,
     ppo_clip_token_losses,
-    token_logprobs,
 )
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 from zero_update import synthetic_trees  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def dense_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, predecessor: torch.Tensor) -> torch.Tensor:
+    """The reference the policy's chunked head is held to: ``log p(token_j | history)`` for every
+    packed token from the full (L, V) logits, in float32 (0 where there is no predecessor)."""
+    idx = predecessor.clamp(min=0)
+    logp = torch.log_softmax(logits[idx].float(), dim=-1).gather(-1, token_ids[:, None]).squeeze(-1)
+    return torch.where(predecessor >= 0, logp, torch.zeros_like(logp))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +51,7 @@ def test_packed_logprobs_equal_per_path_logprobs(model_dir: Path) -> None:
         mask = tree_attention_mask(pack, torch.device("cpu"), "sdpa")
         out = model(input_ids=ids[None], position_ids=torch.as_tensor(pack.position_ids)[None],
                     attention_mask={"full_attention": mask}, use_cache=False)
-        packed = token_logprobs(out.logits[0], ids, torch.as_tensor(targets.predecessor)).numpy()
+        packed = dense_token_logprobs(out.logits[0], ids, torch.as_tensor(targets.predecessor)).numpy()
         # Reference: each root-to-leaf path on its own, plain causal attention.
         offset = 0
         for tree in trees:
@@ -88,7 +95,7 @@ def test_policy_logprobs_of_each_attention_equal_the_reference(model_dir: Path, 
         model.config._attn_implementation = "sdpa"
         logits = model(input_ids=ids[None], position_ids=torch.as_tensor(pack.position_ids)[None],
                        attention_mask={"full_attention": mask}, use_cache=False).logits[0]
-    ref = token_logprobs(logits, ids, torch.as_tensor(targets.predecessor)) * torch.as_tensor(targets.loss_mask)
+    ref = dense_token_logprobs(logits, ids, torch.as_tensor(targets.predecessor)) * torch.as_tensor(targets.loss_mask)
     torch.testing.assert_close(got, ref, atol=2e-5, rtol=0)
 
 

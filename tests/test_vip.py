@@ -266,7 +266,18 @@ def test_rule_checks_its_inputs() -> None:
 def test_rule_runs_in_the_simulator_on_a_persistent_pool() -> None:
     pool = PersistentPool(SPEC.pool_size, seed=9)
     history = PromptHistory()
+    sampled: dict[int, list[tuple[int, int, float]]] = {}  # prompt id -> (step, bare roots, prediction)
     for s in range(4):
         result = run_step("vip", SPEC, OraclePredictor(), np.random.default_rng([9, s]), pool=pool, history=history)
         _check_budget_rules(result.pool_m, SPEC)
-    assert len(history) > 0
+        selected = np.flatnonzero(result.pool_m)
+        assert [st.step for st in history.steps()][-1] == s and history.steps()[-1].groups == selected.size
+        for i in selected.tolist():
+            sampled.setdefault(int(result.pool_ids[i]), []).append(
+                (s, int(result.pool_m[i]), float(result.pool_pred[i])))
+    # every sampled prompt, and only those, holds one event a step it was sampled: its bare roots
+    # split into successes and failures, with the root prediction the allocator used
+    assert len(history) == len(sampled)
+    for pid, rows in sampled.items():
+        events = history.events(pid)
+        assert [(e.step, e.successes + e.failures, e.prediction) for e in events] == rows

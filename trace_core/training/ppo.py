@@ -82,14 +82,6 @@ def pack_trees_for_training(
     return out
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, predecessor: torch.Tensor) -> torch.Tensor:
-    """``log p(token_j | history)`` for every packed token (0 where there is no predecessor).
-
-    ``logits``: (L, V) from the packed forward; computed in float32 for stability."""
-    idx = predecessor.clamp(min=0)
-    logp = torch.log_softmax(logits[idx].float(), dim=-1).gather(-1, token_ids[:, None]).squeeze(-1)
-    return torch.where(predecessor >= 0, logp, torch.zeros_like(logp))
-
 def ppo_clip_token_losses(
     logp: torch.Tensor,
     old_logp: torch.Tensor,

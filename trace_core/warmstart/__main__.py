@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 from trace_core.warmstart.demos import DemoConfig
-from trace_core.warmstart.evaluate import EvalConfig
+from trace_core.warmstart.evaluate import WarmStartEvalConfig
 from trace_core.warmstart.pipeline import (
     DEFAULT_FAMILIES,
     FAMILIES,
@@ -21,7 +21,7 @@ from trace_core.warmstart.testbed import TestbedConfig
 
 
 def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
-    sft_d, view_d, demo_d, eval_d = FULL_SFT, VIEW_SFT, DemoConfig(), EvalConfig()
+    sft_d, view_d, demo_d, eval_d = FULL_SFT, VIEW_SFT, DemoConfig(), WarmStartEvalConfig()
     p = argparse.ArgumentParser(
         prog="python -m trace_core.warmstart",
         description="Warm-start a tiny Qwen3 policy: scripted expert demonstrations (with errors), a tokenizer "
@@ -98,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> WarmStartConfig:
                                 warmup_steps=a.warmup_steps,
                                 seed=a.seed, threads=a.threads, progress=not a.no_progress,
                                 tie_embeddings=not a.untied_sft),
-        eval=EvalConfig(samples=a.eval_samples, temperature=a.temperature, seed=a.seed),
+        eval=WarmStartEvalConfig(samples=a.eval_samples, temperature=a.temperature, seed=a.seed),
         testbed=TestbedConfig(pool_size=a.testbed_pool, seed=a.testbed_seed) if a.testbed else None,
     )
 

@@ -23,8 +23,8 @@ from trace_core.rollout.env import Environment, Task
 
 
 @dataclass(frozen=True)
-class EvalConfig:
-    """How a policy is measured."""
+class WarmStartEvalConfig:
+    """How the warm-start pipeline measures a policy on each task family."""
 
     samples: int = 2  # trajectories per task (the executor's group; >= 2)
     temperature: float = 1.0  # sampling temperature (0 = greedy; the samples are then identical)
@@ -41,8 +41,8 @@ class EvalConfig:
 
 
 @dataclass
-class EvalResult:
-    """One task family's measurement."""
+class FamilySuccess:
+    """A policy's success on one task family, as the warm-start pipeline reports it."""
 
     family: str
     tasks: int
@@ -72,9 +72,9 @@ def evaluate_policy(
     tasks: Sequence[Task],
     env_factory: Callable[[Task], Environment],
     agent: AgentConfig | None = None,
-    config: EvalConfig | None = None,
+    config: WarmStartEvalConfig | None = None,
     keep_examples: int = 3,
-) -> EvalResult:
+) -> FamilySuccess:
     """Roll out ``config.samples`` trajectories per task and score them with the environments."""
     from transformers import AutoTokenizer
 
@@ -84,7 +84,7 @@ def evaluate_policy(
 
     if not tasks:
         raise ValueError("tasks must not be empty")
-    config = config if config is not None else EvalConfig()
+    config = config if config is not None else WarmStartEvalConfig()
     agent = dataclasses.replace(agent if agent is not None else AgentConfig(), temperature=config.temperature,
                                 seed=config.seed)
     engine = build_engine(EngineConfig(model_path=str(model_dir), kind="hf", seed=config.seed,
@@ -112,7 +112,7 @@ def evaluate_policy(
                                  "turns": [n.info.get("action", "") for n in nodes if n.kind != "root"]})
         rewards += task_rewards
         per_task.append(task_rewards)
-    return EvalResult(
+    return FamilySuccess(
         family=family,
         tasks=len(per_task),
         trajectories=len(rewards),

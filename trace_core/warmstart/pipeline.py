@@ -36,7 +36,7 @@ from trace_core.warmstart.demos import (
     render_demos,
     write_demos,
 )
-from trace_core.warmstart.evaluate import TABLE_HEADER, EvalConfig, EvalResult, evaluate_policy
+from trace_core.warmstart.evaluate import TABLE_HEADER, FamilySuccess, WarmStartEvalConfig, evaluate_policy
 from trace_core.warmstart.experts import Expert, FCExpert, MathExpert, QAExpert, Script, load_kb
 from trace_core.warmstart.policy import WARM_MODEL, build_policy, count_parameters, tokenizer_corpus
 from trace_core.warmstart.sft import SFTConfig, read_sft_log, sft
@@ -86,7 +86,7 @@ class WarmStartConfig:
     copy_init: bool = True  # policy.copy_friendly_init on the random model
     view_sft: SFTConfig | None = field(default_factory=lambda: VIEW_SFT)  # stage 1, on turn views; None: skip
     sft: SFTConfig = field(default_factory=lambda: FULL_SFT)  # stage 2, on the full demonstrations
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: WarmStartEvalConfig = field(default_factory=WarmStartEvalConfig)
     # Observations from the real environments (math: the sandbox; QA: the dense retriever over
     # qa_index, built if missing) instead of the experts' cheap stand-ins: demonstrations are then
     # byte for byte what a rollout of the same actions sees, at the tools' cost. A policy fitted to
@@ -300,7 +300,7 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
     return report
 
 
-def evaluate_families(config: WarmStartConfig, policy_dir: str | Path) -> list[EvalResult]:
+def evaluate_families(config: WarmStartConfig, policy_dir: str | Path) -> list[FamilySuccess]:
     """Success rate per family on the first ``config.eval_tasks`` tasks of ``config.eval_split``
     (training: those demonstrated), with the real environments."""
     data = Path(config.data_dir)

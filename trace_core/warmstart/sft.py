@@ -31,7 +31,7 @@ PROGRESS_LINE_S = 20.0
 
 class TrainingSequence(Protocol):
     """What the trainer reads: a token sequence, its loss mask, and the prompt (for batching).
-    :class:`~trace_core.warmstart.demos.Demo` is one; :class:`TextSequence` is a packed corpus chunk."""
+    :class:`~trace_core.warmstart.demos.Demo` is one."""
 
     @property
     def token_ids(self) -> list[int]: ...
@@ -41,30 +41,6 @@ class TrainingSequence(Protocol):
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]: ...
-
-
-@dataclass(frozen=True)
-class TextSequence:
-    """A chunk of plain corpus text for language-model pre-training: every token is a target."""
-
-    token_ids: list[int]
-    prompt_token_ids: tuple[int, ...] = ()
-
-    @property
-    def loss_mask(self) -> list[int]:
-        return [1] * len(self.token_ids)
-
-
-def pack_texts(tokenizer: Any, texts: Sequence[str], length: int) -> list[TextSequence]:
-    """``texts`` tokenised, joined by the end-of-text token and cut into chunks of ``length`` tokens."""
-    if length < 2:
-        raise ValueError(f"length must be >= 2, got {length}")
-    sep = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    stream: list[int] = []
-    for text in texts:
-        stream += tokenizer.encode(text, add_special_tokens=False) + [sep]
-    return [TextSequence(stream[i : i + length]) for i in range(0, len(stream) - 1, length)
-            if len(stream[i : i + length]) >= 2]
 
 
 @dataclass(frozen=True)
