@@ -248,21 +248,18 @@ def agent_config(sizes: RealPolicySizes) -> Any:
 def heldout_successes(executor: Any, tasks: list, samples: int) -> tuple[dict[str, int], dict]:
     """Per-question successes of ``samples`` rollouts of every task (one sampling seed for every
     measurement: start and end differ only by the policy), and the measurement's costs."""
-    import numpy as np
-
-    from trace_core.metrics import is_success
+    from trace_core.evaluation.success import measure_success
     from trace_core.seeding import derive_seed
 
-    seed = derive_seed(HELDOUT_SEED, 0)
     t0 = time.perf_counter()
-    res = executor.run(tasks, [samples] * len(tasks), None, np.random.default_rng(seed), sampling_seed=seed)
+    measured = measure_success(executor, tasks, samples, derive_seed(HELDOUT_SEED, 0))
     wall = time.perf_counter() - t0
-    counts = {t.prompt_id: int(is_success(t.outcomes()).sum()) for t in res.trees}
+    res = measured.rollouts
     cost = {"wall_s": wall, "rollouts": res.stats.trajectories, "generated_tokens": res.stats.generated_tokens,
             "generated_tokens_per_s": res.stats.generated_tokens / wall if wall > 0 else None,
             "turns_per_rollout": res.stats.turns / max(1, res.stats.trajectories),
             "tool_errors": res.stats.tool_errors}
-    return counts, cost
+    return measured.successes, cost
 
 
 def heldout_tasks(work: Path) -> list:

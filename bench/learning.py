@@ -171,15 +171,12 @@ def heldout_tasks(args: argparse.Namespace):
 def measure_heldout(trainer, tasks, k: int) -> dict:
     """k samples of every held-out question by the trained policy (the engine holds its final
     weights), one request seed for every method."""
+    from trace_core.evaluation.success import measure_success
     from trace_core.rollout.executor import TreeRolloutExecutor
     from trace_core.seeding import derive_seed
 
     executor = TreeRolloutExecutor(trainer.engine, trainer.tokenizer, trainer.env_factory, trainer.cfg.agent)
-    seed = derive_seed("heldout", 0)
-    result = executor.run(tasks, [k] * len(tasks), None, np.random.default_rng(seed), sampling_seed=seed)
-    from trace_core.metrics import is_success
-
-    return {"samples": k, "successes": {t.prompt_id: int(is_success(t.outcomes()).sum()) for t in result.trees}}
+    return {"samples": k, "successes": measure_success(executor, tasks, k, derive_seed("heldout", 0)).successes}
 
 
 def opened_prompts(out: Path) -> list[dict]:

@@ -41,11 +41,10 @@ def rollout_counts(policy: Path, tasks: list, k: int, seed_name: str, agent,
                    trees_file: Path | None = None) -> tuple[dict[str, int], dict]:
     """Per-question successes of ``k`` rollouts each, and the run's cost figures; the trees go to
     ``trees_file`` when given (what a predictor is fitted and judged on)."""
-    import numpy as np
     from transformers import AutoTokenizer
 
     from trace_core.envs.registry import make_env_factory
-    from trace_core.metrics import is_success
+    from trace_core.evaluation.success import measure_success
     from trace_core.rollout import build_engine
     from trace_core.rollout.engine import EngineConfig
     from trace_core.rollout.executor import TreeRolloutExecutor
@@ -55,22 +54,21 @@ def rollout_counts(policy: Path, tasks: list, k: int, seed_name: str, agent,
                                        kv_cache_bytes=ENGINE_KV_BYTES))
     try:
         executor = TreeRolloutExecutor(engine, AutoTokenizer.from_pretrained(policy), make_env_factory("math"), agent)
-        seed = derive_seed(seed_name, 0)
         t0 = time.perf_counter()
-        res = executor.run(tasks, [k] * len(tasks), None, np.random.default_rng(seed), sampling_seed=seed)
+        measured = measure_success(executor, tasks, k, derive_seed(seed_name, 0))
         wall = time.perf_counter() - t0
     finally:
         engine.close()
+    res = measured.rollouts
     if trees_file is not None:
         from trace_core.tree import save_trees
 
         trees_file.parent.mkdir(parents=True, exist_ok=True)
         save_trees(trees_file, res.trees)
-    counts = {t.prompt_id: int(is_success(t.outcomes()).sum()) for t in res.trees}
     cost = {"wall_s": wall, "rollouts": res.stats.trajectories, "generated_tokens": res.stats.generated_tokens,
             "turns_per_rollout": res.stats.turns / max(1, res.stats.trajectories),
             "tool_errors": res.stats.tool_errors}
-    return counts, cost
+    return measured.successes, cost
 
 
 def breakdown(counts: dict[str, int], k: int, tasks: list) -> dict[str, dict[str, Any]]:

@@ -44,10 +44,10 @@ def testbed_sft_flags() -> list[str]:
 
 
 def measure(out: Path, data: str, index: str, samples: int, seed: int) -> dict:
-    import numpy as np
     import torch
     from transformers import AutoTokenizer
 
+    from trace_core.evaluation.success import measure_success
     from trace_core.rollout.agent import AgentConfig
     from trace_core.rollout.engine import EngineConfig
     from trace_core.rollout.executor import TreeRolloutExecutor
@@ -67,12 +67,10 @@ def measure(out: Path, data: str, index: str, samples: int, seed: int) -> dict:
         for split in ("pool", "warmup"):
             tasks = load_tasks(out / f"{split}.jsonl")
             t0 = time.perf_counter()
-            s = derive_seed("testbed-spread", seed)
-            res = executor.run(tasks, [samples] * len(tasks), None, np.random.default_rng(s),
-                               sampling_seed=s)
-            spread = spread_of(res.trees, samples)
+            measured = measure_success(executor, tasks, samples, derive_seed("testbed-spread", seed))
+            spread = spread_of(measured.rollouts.trees, samples)
             result[split] = {**spread.to_json(), "grpo_effective_ratio": spread.grpo_effective_ratio,
-                             "wall_s": time.perf_counter() - t0, "rollouts": res.stats.trajectories}
+                             "wall_s": time.perf_counter() - t0, "rollouts": measured.rollouts.stats.trajectories}
     finally:
         engine.close()
     return result

@@ -255,7 +255,8 @@ def test_heldout_pass_at_1_is_measured_at_its_steps_on_questions_outside_the_poo
                                                                                   tmp_path) -> None:
     """The held-out measurement: k rollouts of every held-out question before step 0 and after the
     last step, one sampling seed (the same policy gives the same counts), its counts on disk and
-    its pass@1 in MLflow; a held-out file sharing a question with the pool is refused up front."""
+    its pass@1 in MLflow; a held-out file sharing a question with the pool is refused up front.
+    Pool success, measured beside it, is the mean over the pool of each prompt's success share."""
     from mlflow.tracking import MlflowClient
 
     from trace_core.config import ConfigError
@@ -270,7 +271,7 @@ def test_heldout_pass_at_1_is_measured_at_its_steps_on_questions_outside_the_poo
     overrides = [o for o in tiny_overrides(tiny_models[0], tmp_path / "run", server.uri, "grpo")
                  if not o.startswith("task.")] + [
         "task.family=math", f"task.train_file={files['pool']}", "predictor.task_family=math",
-        f"heldout.task_file={files['heldout']}", "heldout.samples=2", "heldout.at_steps=[0]"]
+        "pool_success.samples=2", f"heldout.task_file={files['heldout']}", "heldout.samples=2", "heldout.at_steps=[0]"]
     cfg = load_config(TrainConfig, None, overrides)
     try:
         summary = Trainer(cfg, engine=vllm_engine).run()
@@ -283,6 +284,11 @@ def test_heldout_pass_at_1_is_measured_at_its_steps_on_questions_outside_the_poo
     assert start["pass_at_1"] == sum(start["successes"].values()) / 10
     metrics = MlflowClient(server.uri).get_metric_history(summary["run_id"], "heldout/pass_at_1")
     assert sorted(m.step for m in metrics) == [0, 1]
+    pool = json.loads((tmp_path / "run" / "pool_success" / "step00000.json").read_text())
+    assert sorted(pool["per_prompt"]) == sorted(e.id for e in split["pool"]) and pool["samples"] == 2
+    assert set(pool["per_prompt"].values()) <= {0.0, 0.5, 1.0} and pool["rollouts"] == 32
+    assert pool["success"] == float(np.mean(list(pool["per_prompt"].values())))
+    assert [r["step"] for r in summary["pool_success"]] == [0.0, 1.0]
 
     (tmp_path / "mixed.jsonl").write_text(files["heldout"].read_text() + files["pool"].read_text().splitlines()[0])
     bad = load_config(TrainConfig, None, [*overrides[:-3], f"heldout.task_file={tmp_path / 'mixed.jsonl'}",

@@ -4,6 +4,7 @@
     config.py      EvalConfig: benchmarks, k samples, greedy, per-family agent limits, engine, tracking
     runner.py      evaluate(checkpoint_dir, config, engine=None, tracker=None) -> EvalResult
     metrics.py     pure metric functions: unbiased pass@k, pass@1 averaged over k, domain averages
+    success.py     measure_success: k bare rollouts per task -> successes (every success-rate figure's one measurement)
     report.py      EvalResult, comparison_table (the paper's main-table layout), summary, MLflow logging
     __main__.py    CLI: python -m trace_core.evaluation --checkpoint DIR --benchmarks math,qa,fc
 

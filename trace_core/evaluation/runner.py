@@ -39,6 +39,7 @@ from trace_core.evaluation.config import EvalConfig
 from trace_core.evaluation.greedy import GreedyOnce
 from trace_core.evaluation.metrics import domain_averages, mean_or_nan, mean_pass_at_k, pass_at_1_avg
 from trace_core.evaluation.report import BenchmarkResult, EvalResult, artifact_name, log_result, summary_markdown
+from trace_core.evaluation.success import measure_success
 from trace_core.metrics import is_success
 from trace_core.rollout.agent import AgentConfig, render_prompt
 from trace_core.rollout.build import build_engine
@@ -254,7 +255,7 @@ def _rollouts_with_progress(
     t0 = time.perf_counter()
     for start in range(0, len(tasks), chunk):
         part, part_stats = run_rollouts(engine, tokenizer, factory, tasks[start:start + chunk], m, agent,
-                                        config.tool_workers, config.seed)
+                                        config.tool_workers)
         trees += part
         for key, value in part_stats.items():
             stats[key] = stats.get(key, 0.0) + value
@@ -267,10 +268,11 @@ def _rollouts_with_progress(
 
 def run_rollouts(
     engine: RolloutEngine, tokenizer: Any, factory: EnvFactory, tasks: Sequence[Task], m: int,
-    agent: AgentConfig, tool_workers: int = 4, seed: int = 0,
+    agent: AgentConfig, tool_workers: int = 4,
 ) -> tuple[list[RolloutTree | None], dict[str, float]]:
-    """``m`` bare rollouts per task through the executor (no expansion); one tree per task, None
-    for a task whose prompt leaves no room to generate under ``agent.max_total_tokens``."""
+    """``m`` bare rollouts per task (:func:`~trace_core.evaluation.success.measure_success`, its
+    request seeds keyed by ``agent.seed``); one tree per task, None for a task whose prompt leaves
+    no room to generate under ``agent.max_total_tokens``."""
     from trace_core.rollout.executor import TreeRolloutExecutor
 
     fits = [len(render_prompt(tokenizer, t, factory(t).tool_descriptions(), agent)) < agent.max_total_tokens
@@ -280,8 +282,7 @@ def run_rollouts(
     stats: dict[str, float] = {"tasks": float(len(tasks)), "prompt_too_long": float(len(tasks) - len(runnable))}
     if runnable:
         executor = TreeRolloutExecutor(engine, tokenizer, factory, agent, tool_workers=tool_workers)
-        result = executor.run(runnable, [m] * len(runnable), None,
-                              np.random.default_rng(seed))
+        result = measure_success(executor, runnable, m).rollouts
         done = iter(result.trees)
         trees = [next(done) if ok else None for ok in fits]
         s = result.stats

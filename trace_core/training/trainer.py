@@ -40,9 +40,10 @@ import torch
 from trace_core.allocation import get_method
 from trace_core.config import ConfigError, flatten
 from trace_core.costs import expected_root_tokens
+from trace_core.evaluation.success import measure_success
 from trace_core.failures import RunFailed, doing, refused_before_work, run_failed
 from trace_core.history import PromptHistory
-from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, is_success, pass_at_1, step_metrics
+from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, pass_at_1, step_metrics
 from trace_core.planner import RootPlan, StepPlanner
 from trace_core.rollout.agent import render_prompt
 from trace_core.rollout.env import Task
@@ -371,23 +372,16 @@ class Trainer:
         return self._prompt_ids[task.id]
 
     # ------------------------------------------------------------------ measurement and warm-up
-    def _bare_rollouts(self, tasks: list[Task], samples: int, seed: int):
-        """``samples`` bare rollouts of every task, no expansion, sampled with ``seed``."""
-        return self.executor.run(tasks, [samples] * len(tasks), None,
-                                 np.random.default_rng(seed), sampling_seed=seed)
-
     def measure_pool_success(self, step: int) -> dict[str, float]:
         """Pool success after ``step`` updates (:class:`PoolSuccessConfig`); its per-prompt figures
         go to ``pool_success/step<step>.json``."""
         ps = self.cfg.pool_success
-        result = self._bare_rollouts(self.tasks, ps.samples, derive_seed("pool_success", ps.seed))
-        per_prompt = {t.prompt_id: float(np.mean(is_success(t.outcomes()))) for t in result.trees}
-        mean = float(np.mean(list(per_prompt.values())))
-        print(f"progress: {self.cfg.method} pool success after {step} steps: {mean:.3f} "
-              f"({result.stats.trajectories} rollouts)", flush=True)
-        record = {"step": float(step), "success": float(np.mean(list(per_prompt.values()))),
-                  "rollouts": float(result.stats.trajectories),
-                  "generated_tokens": float(result.stats.generated_tokens)}
+        measured = measure_success(self.executor, self.tasks, ps.samples, derive_seed("pool_success", ps.seed))
+        per_prompt, stats = measured.rates(), measured.rollouts.stats
+        print(f"progress: {self.cfg.method} pool success after {step} steps: {measured.mean_rate():.3f} "
+              f"({stats.trajectories} rollouts)", flush=True)
+        record = {"step": float(step), "success": measured.mean_rate(), "rollouts": float(stats.trajectories),
+                  "generated_tokens": float(stats.generated_tokens)}
         self._keep_measurement("pool_success", step, record, {"samples": ps.samples, "per_prompt": per_prompt},
                                {"pool/success": record["success"], "pool/rollouts": record["rollouts"]},
                                self.state.pool_success)
@@ -412,14 +406,13 @@ class Trainer:
         """Held-out pass@1 after ``step`` updates (:class:`HeldoutConfig`); the per-question success
         counts go to ``heldout/step<step>.json``."""
         h = self.cfg.heldout
-        result = self._bare_rollouts(self._heldout_tasks, h.samples, derive_seed("heldout", h.seed))
-        successes = {t.prompt_id: int(is_success(t.outcomes()).sum()) for t in result.trees}
+        measured = measure_success(self.executor, self._heldout_tasks, h.samples, derive_seed("heldout", h.seed))
+        successes, stats = measured.successes, measured.rollouts.stats
         p = pass_at_1(successes, h.samples)
         print(f"progress: {self.cfg.method} held-out pass@1 after {step} steps: {p.value:.3f} ± {p.se:.3f} "
-              f"({result.stats.trajectories} rollouts)", flush=True)
+              f"({stats.trajectories} rollouts)", flush=True)
         record = {"step": float(step), "pass_at_1": p.value, "se": p.se, "questions": float(p.questions),
-                  "rollouts": float(result.stats.trajectories),
-                  "generated_tokens": float(result.stats.generated_tokens)}
+                  "rollouts": float(stats.trajectories), "generated_tokens": float(stats.generated_tokens)}
         self._keep_measurement("heldout", step, record, {"samples": h.samples, "successes": successes},
                                {"heldout/pass_at_1": p.value, "heldout/se": p.se}, self.state.heldout)
         return record
@@ -450,7 +443,8 @@ class Trainer:
         w = self.cfg.predictor_warmup
         tasks = self._warmup_tasks  # read and checked (disjoint from the pool, lengths) when the trainer was built
         t0 = time.perf_counter()
-        result = self._bare_rollouts(tasks, w.samples, derive_seed("predictor_warmup", w.seed))
+        measured = measure_success(self.executor, tasks, w.samples, derive_seed("predictor_warmup", w.seed))
+        result = measured.rollouts
         fit = self.predictor.fit(result.trees, w.updates)
         save_trees(self.out / "warmup_trees.jsonl.gz", result.trees)
         self.state.pending_files.append(["warmup_trees.jsonl.gz", "warmup"])
@@ -459,7 +453,7 @@ class Trainer:
         self.state.token_ledger = self.planner.ledger.to_dict()
         self.state.warmup = {"rollouts": float(result.stats.trajectories), "questions": float(len(tasks)),
                              "generated_tokens": float(result.stats.generated_tokens),
-                             "success": float(np.mean([np.mean(is_success(t.outcomes())) for t in result.trees])),
+                             "success": measured.mean_rate(),
                              "first_loss": fit["first_loss"], "last_loss": fit["loss"],
                              "updates": float(w.updates), "wall_s": time.perf_counter() - t0}
         return self.state.warmup

@@ -78,6 +78,7 @@ def evaluate_policy(
     """Roll out ``config.samples`` trajectories per task and score them with the environments."""
     from transformers import AutoTokenizer
 
+    from trace_core.evaluation.success import measure_success
     from trace_core.rollout.build import build_engine
     from trace_core.rollout.engine import EngineConfig
     from trace_core.rollout.executor import TreeRolloutExecutor
@@ -93,13 +94,12 @@ def evaluate_policy(
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         t0 = time.perf_counter()
         executor = TreeRolloutExecutor(engine, tokenizer, env_factory, agent, tool_workers=config.tool_workers)
-        result = executor.run(list(tasks), [config.samples] * len(tasks), None,
-                              np.random.default_rng(config.seed))
+        measured = measure_success(executor, tasks, config.samples, config.seed)
     finally:
         engine.close()
     wall = time.perf_counter() - t0
     rewards, per_task, answered, turns, examples = [], [], [], [], []
-    for tree in result.trees:
+    for tree in measured.rollouts.trees:
         task_rewards = []
         for traj in tree.trajectories:
             r = tree.trajectory_reward(traj.id)
@@ -117,12 +117,12 @@ def evaluate_policy(
         tasks=len(per_task),
         trajectories=len(rewards),
         success_rate=float(np.mean(rewards)),
-        task_success_rate=float(np.mean([max(r) > 0.5 for r in per_task])),
+        task_success_rate=float(np.mean([s > 0 for s in measured.successes.values()])),
         mixed_tasks=float(np.mean([0 < np.mean(r) < 1 for r in per_task])),
         answered_rate=float(np.mean(answered)),
         mean_turns=float(np.mean(turns)),
-        tool_errors=result.stats.tool_errors,
-        generated_tokens=result.stats.generated_tokens,
+        tool_errors=measured.rollouts.stats.tool_errors,
+        generated_tokens=measured.rollouts.stats.generated_tokens,
         wall_seconds=wall,
         examples=examples,
     )

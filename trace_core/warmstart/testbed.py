@@ -251,16 +251,15 @@ class Spread:
 
 
 def spread_of(trees: Sequence[Any], samples: int) -> Spread:
-    """The :class:`Spread` of bare-rollout trees (one per prompt, ``samples`` rollouts each)."""
-    from trace_core.metrics import is_success
+    """The :class:`Spread` of bare-rollout trees (one per prompt, ``samples`` rollouts each), counted
+    as every success rate is (:func:`trace_core.evaluation.success.count_successes`)."""
+    from trace_core.evaluation.success import count_successes
 
-    out = {}
-    for tree in trees:
-        outcomes = tree.outcomes()
-        if outcomes.size != samples:
-            raise ValueError(f"prompt {tree.prompt_id!r} has {outcomes.size} finished rollouts, expected {samples}")
-        out[tree.prompt_id] = int(is_success(outcomes).sum())
-    return Spread(samples, out)
+    successes, finished = count_successes(trees)
+    for prompt_id, n in finished.items():
+        if n != samples:
+            raise ValueError(f"prompt {prompt_id!r} has {n} finished rollouts, expected {samples}")
+    return Spread(samples, successes)
 
 
 def heldout_rows(test_rows: Sequence[dict[str, Any]], testbed: Testbed | dict[str, Any]) -> list[dict[str, Any]]:
