@@ -16,7 +16,7 @@ export DVC_NO_ANALYTICS := 1
 export MPLBACKEND := Agg
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test venv data lint system-deps ui faults bench-allocation bench-contrast clean-venv lock specs trl-example help
+.PHONY: run test venv data lint system-deps ui faults bench-allocation bench-contrast clean-venv lock specs results trl-example help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -83,6 +83,9 @@ bench-contrast: $(STAMP)  ## effective ratios of every method on the simulator
 
 trl-example: $(STAMP)  ## TRACE inside TRL's GRPOTrainer beside plain TRL, a few steps on the CPU (examples/trl_trace.py)
 	$(BIN)/python examples/trl_trace.py
+
+results: $(STAMP)  ## rebuild docs/results.md from the committed bench/results records
+	$(BIN)/python -m bench.report
 
 specs: $(STAMP)  ## recompile the components into components/specs/ (the DAG is built from them; a test checks they are current)
 	$(BIN)/python -m components.specs

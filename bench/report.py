@@ -107,8 +107,9 @@ def real_policy(record: Mapping[str, Any]) -> list[str]:
 def real_learning(record: Mapping[str, Any]) -> list[str]:
     rows = []
     for run in record["runs"]:
-        settings = record["settings"][f"{run['method']}-seed{run['seed']}"]
-        rows.append({"method": run["method"], "seed": str(run["seed"]), "steps": str(run["steps"]),
+        settings = run.get("settings") or record["settings"][f"{run['method']}-seed{run['seed']}"]
+        rows.append({**({"pilot": run["pilot"]} if "pilot" in run else {}),
+                     "method": run["method"], "seed": str(run["seed"]), "steps": str(run["steps"]),
                      "lr": f"{settings['lr']:g}", "M, N, G": f"{settings['roots_M']}, {settings['expansion_N']}, "
                                                              f"{settings['group_size_G']}",
                      "held-out start → end": f"{num(run['start'])} → {num(run['end'])}",
@@ -119,6 +120,21 @@ def real_learning(record: Mapping[str, Any]) -> list[str]:
     measurable = record.get("grpo_gain_above_3_se") or {}
     return table(rows) + ["", *(f"- GRPO's held-out gain above 3 SE, {seed}: **{'PASS' if ok else 'MISS'}**"
                                 for seed, ok in measurable.items())]
+
+
+def read_real_pilots(path: Path) -> dict[str, Any]:
+    """Every real-policy pilot's table (``real_learning_pilot*/table.json`` beside ``path``'s folder), one row
+    per run, each run carrying its own settings, in the order the pilots' folders sort."""
+    runs: list[dict[str, Any]] = []
+    verdicts: dict[str, bool] = {}
+    for table_path in sorted(path.parent.parent.glob("real_learning_pilot*/table.json")):
+        pilot = table_path.parent.name.removeprefix("real_learning_pilot").lstrip("_") or "first"
+        record = json.loads(table_path.read_text())
+        for run in record["runs"]:
+            runs.append({**run, "pilot": pilot,
+                         "settings": record["settings"][f"{run['method']}-seed{run['seed']}"]})
+        verdicts.update({f"{pilot}, {seed}": ok for seed, ok in (record.get("grpo_gain_above_3_se") or {}).items()})
+    return {"runs": runs, "grpo_gain_above_3_se": verdicts}
 
 
 def learning(record: Mapping[str, Any]) -> list[str]:
@@ -332,8 +348,9 @@ SECTIONS: tuple[Section, ...] = (
             "GRPO alone, from the warm start above, to choose the run length and learning rate at which its "
             "held-out gain exceeds 3 standard errors before any other method runs "
             "(`python -m bench.real_learning run`, then `table`). The gain is paired by question against "
-            "the start's measurement with the same request seeds.", real_learning,
-            "bench/results/real_learning_pilot/learning.png"),
+            "the start's measurement with the same request seeds. One row per pilot, in the order they ran; "
+            "each pilot's records are in its own `bench/results/real_learning_pilot*/` folder.",
+            real_learning, "bench/results/real_learning_pilot_lr2e-5/learning.png", load=read_real_pilots),
     Section("Learning curves on the testbed policy", "bench/results/learning/table.json",
             "Each method trained from the testbed's policy (`python -m bench.learning`), pool success measured "
             "on all pool prompts with the same request seeds at every tenth of the run, held-out pass@1 on "

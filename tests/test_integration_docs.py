@@ -15,7 +15,7 @@ def _snippets(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("doc", ["docs/integration.md", "README.md"])
+@pytest.mark.parametrize("doc", ["docs/integration.md", "docs/training.md", "README.md"])
 def test_the_python_snippets_run_as_written(doc):
     snippets = _snippets(REPO / doc)
     assert snippets, f"{doc} holds no python snippet"
