@@ -43,7 +43,7 @@ Protocol (fixed before any result was seen; the simulator's defaults are pinned 
   simulator's expected root rollout, ``trace_core.sim.expected_rollout_tokens``: what a trajectory
   budget of M(1+N) root rollouts would generate). GRPO and PCL get the groups of G that T buys at
   the expected costs; ``trace-tokens`` plans its roots and reservation and spends each prompt's
-  allowance. Each row keeps its own cost ledger (``trace_core.token_budget.TokenLedger``) across its steps.
+  allowance. Each row keeps its own cost ledger (``trace_core.token_ledger.TokenLedger``) across its steps.
   Mixed groups per 1,000 tokens are pooled as counts over the reported steps, the trained mixed
   prompt groups alone and with the expanded anchors whose branch group holds both outcomes (the
   token budget's objective).
@@ -168,8 +168,9 @@ class Task:
 
 
 def run_task(task: Task) -> dict:
-    from trace_core.allocation import BudgetSpec, PosteriorRoots, get_method
+    from trace_core.allocation import BudgetSpec, PosteriorRoots
     from trace_core.history import PosteriorConfig, PromptHistory
+    from trace_core.methods import get_method
     from trace_core.sim import PersistentPool, SimConfig, make_predictor, run_step, sim_token_ledger
 
     config = SimConfig(difficulty_beta=task.beta)
@@ -347,8 +348,9 @@ def run_all(tasks: list[Task], workers: int) -> list[dict]:
 
 
 def protocol(args: argparse.Namespace) -> dict:
-    from trace_core.allocation import DynamicSamplingConfig, get_method
+    from trace_core.allocation import DynamicSamplingConfig
     from trace_core.history import GresoConfig, PosteriorConfig
+    from trace_core.methods import get_method
     from trace_core.sim import LearnedPredictorConfig, PersistentPoolConfig, SimConfig, sim_token_ledger
     from trace_core.vip import VipConfig
 

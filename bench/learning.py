@@ -58,8 +58,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.harness import VARIANTS, Provenance, SharedEngine, claim_run_folder, write_json
 from bench.learning_table import RECORD_FORMAT, START_FORMAT, build_table, curve, in_se
-from bench.train_compare import VARIANTS, SharedEngine, git_commit, tree_is_dirty
 
 # The policy trains on the CPU; DeepSpeed reads this when the trainer loads it. Not a package
 # default: the GPU check runs DeepSpeed on CUDA.
@@ -100,14 +100,6 @@ def record_path(records: Path, variant: str, seed: int) -> Path:
     return records / "runs" / f"{variant}-seed{seed}.json"
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Whole or absent: written beside, then renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=float) + "\n")
-    os.replace(tmp, path)
-
-
 def overrides(args: argparse.Namespace, variant: str, seed: int, out: Path, at: list[int]) -> list[str]:
     method, informed = VARIANTS[variant]
     tb = Path(args.testbed)
@@ -130,7 +122,7 @@ def per_prompt_successes(path: Path, k: int) -> dict[str, int]:
     return {pid: int(round(float(v) * k)) for pid, v in data["per_prompt"].items()}
 
 
-def measure_start(args: argparse.Namespace, engine: SharedEngine, identity: dict, commit: str | None,
+def measure_start(args: argparse.Namespace, engine: SharedEngine, identity: dict, provenance: Provenance,
                   start: dict | None = None) -> dict:
     """The shared starting point of every run, measured once on the testbed policy: its pool
     success at step 0 through the trainer's own measurement (same request seeds as every run's)
@@ -150,10 +142,10 @@ def measure_start(args: argparse.Namespace, engine: SharedEngine, identity: dict
             trainer.tracker.log_metrics({"pool/success": record["success"]}, 0)
         heldout = measure_heldout(trainer, heldout_tasks(args), args.heldout_k)
     if start is not None:  # completed later, perhaps by other code: the figure names its own commit
-        return {**start, "heldout": {**heldout, "commit": commit, "dirty": tree_is_dirty()}}
+        return {**start, "heldout": {**heldout, "commit": provenance.commit, "dirty": provenance.dirty}}
     measure = {"step": 0, "samples": args.pool_k,
                "successes": per_prompt_successes(out / "pool_success" / "step00000.json", args.pool_k)}
-    return {"format": START_FORMAT, "commit": commit, "dirty": tree_is_dirty(), "testbed": identity,
+    return {"format": START_FORMAT, "commit": provenance.commit, "dirty": provenance.dirty, "testbed": identity,
             "pool_k": args.pool_k, "measure": measure, "heldout": heldout}
 
 
@@ -194,26 +186,14 @@ def opened_prompts(out: Path) -> list[dict]:
     return opened
 
 
-def claim_run_folder(out: Path, commit: str | None, settings: dict) -> None:
-    """Keep ``out`` when it holds a run of this commit and these settings (it resumes from its
-    checkpoint); otherwise empty it and mark it as theirs."""
-    started = out / "bench_settings.json"
-    if not (started.is_file() and json.loads(started.read_text()) == {"commit": commit, "settings": settings}):
-        import shutil
-
-        shutil.rmtree(out, ignore_errors=True)  # another run's folder: start over
-        out.mkdir(parents=True)
-        started.write_text(json.dumps({"commit": commit, "settings": settings}))
-
-
 def run_one(variant: str, seed: int, args: argparse.Namespace, engine: SharedEngine, settings: dict,
-            commit: str | None, tasks_heldout) -> dict:
+            provenance: Provenance, tasks_heldout) -> dict:
     from trace_core.config import load_config
     from trace_core.training.config import TrainConfig
     from trace_core.training.trainer import Trainer
 
     out = Path(args.work) / f"{variant}-seed{seed}"
-    claim_run_folder(out, commit, settings)
+    claim_run_folder(out, provenance.commit, settings)
     cfg = load_config(TrainConfig, args.config, overrides(args, variant, seed, out, settings["measure_at"]))
     t0 = time.perf_counter()
     trainer = Trainer(cfg, engine=engine.get())
@@ -224,7 +204,7 @@ def run_one(variant: str, seed: int, args: argparse.Namespace, engine: SharedEng
              "successes": per_prompt_successes(out / "pool_success" / f"step{s:05d}.json", args.pool_k)}
             for s in settings["measure_at"]]
     return {"format": RECORD_FORMAT, "variant": variant, "method": settings["method"], "seed": seed,
-            "commit": commit, "dirty": tree_is_dirty(), "settings": settings,
+            "commit": provenance.commit, "dirty": provenance.dirty, "settings": settings,
             "steps": {name: [float(x) for x in history.get(key, [])] for name, key in STEP_KEYS.items()},
             "pool": pool, "warmup": {"rollouts": float((summary["warmup"] or {}).get("rollouts", 0.0)),
                                      "generated_tokens": float((summary["warmup"] or {}).get("generated_tokens", 0.0))},
@@ -236,7 +216,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     from trace_core.warmstart.testbed import testbed_identity
 
     identity = testbed_identity(args.testbed)
-    commit = git_commit()
+    provenance = Provenance.now()  # the code this process runs is the code it loaded now
     records = Path(args.records)
     engine = SharedEngine(str(Path(args.testbed) / "policy"))
     start_file = records / "start.json"
@@ -246,10 +226,10 @@ def cmd_run(args: argparse.Namespace) -> None:
             raise SystemExit(f"{start_file} was measured on testbed {start['testbed']} at k = {start['pool_k']}, "
                              f"not on {identity} at k = {args.pool_k}: use another --records folder")
         if "heldout" not in start:  # a start recorded before the starting policy's held-out pass@1 was
-            write_json(start_file, measure_start(args, engine, identity, commit, start))
+            write_json(start_file, measure_start(args, engine, identity, provenance, start))
     else:
         t0 = time.perf_counter()
-        write_json(start_file, measure_start(args, engine, identity, commit))
+        write_json(start_file, measure_start(args, engine, identity, provenance))
         print(f"start: measured in {time.perf_counter() - t0:.0f} s -> {start_file}", flush=True)
     start = json.loads(start_file.read_text())
     tasks = None
@@ -262,7 +242,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                     print(f"{variant} seed {seed}: record present, skipped", flush=True)
                     continue
                 tasks = tasks if tasks is not None else heldout_tasks(args)
-                record = run_one(variant, seed, args, engine, settings, commit, tasks)
+                record = run_one(variant, seed, args, engine, settings, provenance, tasks)
                 write_json(path, record)
                 _, y = curve(record, start, "rollouts")
                 print(f"{variant} seed {seed}: pool success {y[0]:.3f} -> {y[-1]:.3f}, held-out "

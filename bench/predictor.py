@@ -1,6 +1,6 @@
 """Success-predictor benchmark (method §5).
 
-Three parts, all on simulator trees (trace_core/sim.py) given synthetic token ids:
+Three parts, all on simulator trees (trace_core/sim/) given synthetic token ids:
 
 1. **Online Spearman**: the tiny Qwen3 predictor drives TRACE's allocation in the simulator for
    ``--steps`` steps and learns online; per step we log the out-of-sample Spearman between its

@@ -43,6 +43,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.harness import Provenance, claim_run_folder, write_json
+
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the policy trains on the CPU (DeepSpeed reads this)
 
 RECORD_FORMAT = "trace-rl/real-learning-run/1"
@@ -53,14 +55,6 @@ STEP_KEYS = {"rollouts": "counts/rollouts", "generated_tokens": "budget/generate
              # where a method's rollouts went (the reading): roots and the anchors it expanded
              "mean_m_selected": "alloc/mean_m_selected", "mean_rollouts_selected": "alloc/mean_rollouts_selected",
              "expanded_anchors": "counts/expanded_anchors", "mixed_anchors": "counts/mixed_anchors"}
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Whole or absent: written beside, then renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=float) + "\n")
-    os.replace(tmp, path)
 
 
 def policy_identity(warm: Path) -> dict:
@@ -124,15 +118,13 @@ def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
     ]
 
 
-def run_one(args: argparse.Namespace, settings: dict, commit: str | None, start: dict) -> dict:
-    from bench.learning import claim_run_folder
-    from bench.train_compare import tree_is_dirty
+def run_one(args: argparse.Namespace, settings: dict, provenance: Provenance, start: dict) -> dict:
     from trace_core.config import load_config
     from trace_core.training.config import TrainConfig
     from trace_core.training.trainer import Trainer
 
     out = Path(args.work) / f"{settings['method']}-seed{settings['seed']}"
-    claim_run_folder(out, commit, settings)
+    claim_run_folder(out, provenance.commit, settings)
     cfg = load_config(TrainConfig, None, overrides(args, settings, out))
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
@@ -141,21 +133,20 @@ def run_one(args: argparse.Namespace, settings: dict, commit: str | None, start:
     heldout = [start] + [{"step": s, "samples": settings["heldout_k"], "successes":
                           json.loads((out / "heldout" / f"step{s:05d}.json").read_text())["successes"]}
                          for s in settings["heldout_at"]]
-    return {"format": RECORD_FORMAT, "method": settings["method"], "seed": settings["seed"], "commit": commit,
-            "dirty": tree_is_dirty(), "settings": settings,
+    return {"format": RECORD_FORMAT, "method": settings["method"], "seed": settings["seed"],
+            "commit": provenance.commit, "dirty": provenance.dirty, "settings": settings,
             "steps": {name: [float(x) for x in history.get(key, [])] for name, key in STEP_KEYS.items()},
             "heldout": heldout, "wall_s": time.perf_counter() - t0}
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from bench.train_compare import git_commit
 
     identity = policy_identity(Path(args.warm))
     start = shared_start(identity, Path(args.start))
     if start["samples"] != args.heldout_k:
         raise SystemExit(f"--heldout-k {args.heldout_k} differs from the start's {start['samples']} samples "
                          f"({args.start}): the same k and request seeds make the comparison paired")
-    commit = git_commit()
+    provenance = Provenance.now()  # the code this process runs is the code it loaded now
     records = Path(args.records)
     for seed in args.seeds:
         for method in args.methods:
@@ -164,7 +155,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             if path.is_file() and json.loads(path.read_text())["settings"] == settings:
                 print(f"{method} seed {seed}: record present, skipped", flush=True)
                 continue
-            record = run_one(args, settings, commit, start)
+            record = run_one(args, settings, provenance, start)
             write_json(path, record)
             row = summarise(record)
             print(f"{method} seed {seed}: held-out {row['start']:.3f} -> {row['end']:.3f}, gain {row['gain']:+.4f} "

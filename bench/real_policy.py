@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{policy} holds no policy: run python -m trace_core.warmstart.pretrained --out {args.out}")
     import torch
 
-    from bench.train_compare import git_commit, tree_is_dirty
+    from bench.harness import git_commit, tree_is_dirty, verdict
     from trace_core.metrics import pass_at_1
     from trace_core.pretrained import read_source
     from trace_core.warmstart.demos import load_tasks
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         p = pool_break.get(name, {})
         print(f"{name:34s} {p.get('pass_at_1', float('nan')):12.3f} {row['pass_at_1']:10.3f} ± {row['se']:.3f}")
     for name, ok in aims.items():
-        print(f"  {'PASS' if ok else 'MISS'}  {name}")
+        print(f"  {verdict(ok)}  {name}")
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.results.with_suffix(".png"))

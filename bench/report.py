@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness import verdict
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
 
@@ -57,7 +59,7 @@ def verdict_lines(targets: Mapping[str, Any] | None) -> list[str]:
     lines: list[str] = []
     for name, v in (targets or {}).items():
         if isinstance(v, bool):
-            lines.append(f"- {name}: **{'PASS' if v else 'MISS'}**")
+            lines.append(f"- {name}: **{verdict(v)}**")
         elif isinstance(v, str):
             word, _, rest = v.partition(" ")
             lines.append(f"- {name}: **{word}** {rest}" if word in ("PASS", "MISS") else f"- {name}: {v}")
@@ -67,9 +69,9 @@ def verdict_lines(targets: Mapping[str, Any] | None) -> list[str]:
                      else num(value, 3))
             target = f" (target {v['target']})" if v.get("target") else ""
             reason = f"; {v['reason']}" if v.get("reason") else ""
-            lines.append(f"- {name}{target}: **{'PASS' if v['met'] else 'MISS'}** {shown}{reason}")
+            lines.append(f"- {name}{target}: **{verdict(v['met'])}** {shown}{reason}")
         elif isinstance(v, Mapping) and "checks" in v:
-            lines.extend(f"- {name}: {check}: **{'PASS' if ok else 'MISS'}**" for check, ok in v["checks"].items())
+            lines.extend(f"- {name}: {check}: **{verdict(ok)}**" for check, ok in v["checks"].items())
         elif isinstance(v, Mapping):
             lines.extend(verdict_lines({f"{name}, {k}": x for k, x in v.items()}))
     return lines
@@ -118,7 +120,7 @@ def real_learning(record: Mapping[str, Any]) -> list[str]:
                      "rollouts": num(int(run["rollouts"])), "gen. tokens": num(int(run["generated_tokens"])),
                      "wall s": num(int(run["wall_s"]))})
     measurable = record.get("grpo_gain_above_3_se") or {}
-    return table(rows) + ["", *(f"- GRPO's held-out gain above 3 SE, {seed}: **{'PASS' if ok else 'MISS'}**"
+    return table(rows) + ["", *(f"- GRPO's held-out gain above 3 SE, {seed}: **{verdict(ok)}**"
                                 for seed, ok in measurable.items())]
 
 

@@ -76,7 +76,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import get_method
+from bench.harness import verdict
+from trace_core.methods import get_method
 from trace_core.models import TinyQwen3Config, build_tiny_qwen3, builtin_corpus
 from trace_core.rollout.agent import AgentConfig, render_prompt
 from trace_core.rollout.engine import (
@@ -688,7 +689,7 @@ def judge(sections: dict) -> dict[str, bool]:
     }
     print("\nTargets")
     for name, ok in targets.items():
-        print(f"  {'PASS' if ok else 'MISS'}  {name}")
+        print(f"  {verdict(ok)}  {name}")
     return targets
 
 

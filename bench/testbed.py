@@ -126,10 +126,11 @@ def main() -> None:
         print(f"  {split:7s} histogram {s['histogram']}  never {s['shares']['never']:.3f}  always "
               f"{s['shares']['always']:.3f}  mixed {s['shares']['mixed']:.3f}  mean success {s['mean_success']:.3f}  "
               f"largest interior bin {s['largest_interior_bin_share']:.2f} of the mixed ({s['wall_s']:.0f} s)")
+    from bench.harness import git_commit, tree_is_dirty, verdict
+
     for name, ok in targets.items():
-        print(f"  {'PASS' if ok else 'MISS'}  {name}")
+        print(f"  {verdict(ok)}  {name}")
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    from bench.train_compare import git_commit, tree_is_dirty
     from trace_core.warmstart.testbed import testbed_identity
 
     args.results.write_text(json.dumps({

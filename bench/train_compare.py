@@ -62,7 +62,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -70,18 +69,12 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.harness import VARIANTS, SharedEngine, git_commit, tree_is_dirty
+
 # The policy trains on the CPU; DeepSpeed reads this when the trainer loads it. Not a package
 # default: the GPU check runs DeepSpeed on CUDA.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-# name -> (registry method, predictor warm-up?); informed wherever the method reads the predictor
-VARIANTS = {"grpo": ("grpo", False), "pcl": ("pcl", True), "treepo": ("treepo", False), "trace": ("trace", True),
-            "trace-cold": ("trace", False), "trace-root-only": ("trace-root-only", True),
-            "trace-prefix-only": ("trace-prefix-only", True), "greso": ("greso", False), "dapo": ("dapo", False),
-            "dapo-capped": ("dapo-capped", False),
-            "trace-posterior": ("trace-posterior", True),
-            "trace-posterior-thompson": ("trace-posterior-thompson", True),
-            "vip": ("vip", True), "trace-tokens": ("trace-tokens", True)}
 ABLATIONS = ("trace-root-only", "trace-prefix-only")
 ROW_KEYS = ("effective_ratio", "contrastive_yield", "mixed_groups_per_100_rollouts", "rollouts_per_mixed_group",
             "prefix_effective_ratio", "alloc/skipped_share", "budget/generated_tokens")
@@ -105,23 +98,13 @@ STARTED = "bench_settings.json"  # the commit and settings a run folder was star
 
 
 # ============================================================================ the record cache
-def git_commit() -> str | None:
-    """The checked-out commit (None outside a git checkout)."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
-
-
 def token_budget(variant: str, args) -> int | None:
     """The generated-token budget a run of ``variant`` gets: ``--tokens-per-step`` for the methods
     that read one (``trace-tokens``, and the methods without expansion or rounds, which spend it as
     groups of G); None for the rest (TRACE's stages and the round rules are counted in
     trajectories), which run at M(1+N) beside them: an equal-token table sets ``--tokens-per-step``
     to what such a method spends at M(1+N), and its rows show each method's tokens a step."""
-    from trace_core.allocation import get_method
+    from trace_core.methods import get_method
 
     if args.tokens_per_step is None:
         return None
@@ -181,43 +164,7 @@ def existing_record(folder: Path, commit: str | None, settings: dict, any_commit
     return data if same_code and data.get("settings") == settings else None
 
 
-def tree_is_dirty() -> bool:
-    """Whether tracked code under trace_core/, bench/ or configs/ differs from the commit."""
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "trace_core", "bench",
-                              "configs"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parents[1])
-    except (OSError, subprocess.CalledProcessError):
-        return True
-    return bool(out.stdout.strip())
-
-
 # ============================================================================ one run
-class SharedEngine:
-    """The one vLLM engine every run shares, started by the first run that needs it (a rerun whose
-    runs all have records starts none)."""
-
-    def __init__(self, policy: str) -> None:
-        self.policy = policy
-        self._engine = None
-
-    def get(self):
-        if self._engine is None:
-            import torch
-
-            from trace_core.rollout.engine import EngineConfig
-            from trace_core.rollout.vllm_engine import VLLMEngine
-
-            torch.set_num_threads(1)
-            self._engine = VLLMEngine(EngineConfig(model_path=self.policy, max_model_len=2048,
-                                                   kv_cache_bytes=256 << 20))
-        return self._engine
-
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-
-
 def run_one(variant: str, seed: int, args, engine, start_record: dict | None) -> dict:
     from trace_core.config import load_config
     from trace_core.training.config import TrainConfig

@@ -192,7 +192,7 @@ class PipelineConfig:
     platform: PlatformConfig = field(default_factory=PlatformConfig)
 
     def __post_init__(self) -> None:
-        from trace_core.allocation import METHODS
+        from trace_core.methods import METHODS
 
         if not self.methods:
             raise ValueError("methods must name at least one method")

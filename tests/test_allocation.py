@@ -12,18 +12,15 @@ from hypothesis import strategies as st
 from scipy.special import betaln
 
 from trace_core.allocation import (
-    METHODS,
     AnchorSignals,
     BudgetSpec,
     DynamicSampling,
     DynamicSamplingConfig,
     EntropySignals,
     GresoRoots,
-    Method,
     PosteriorRoots,
     PrefixPlacement,
     RootRule,
-    WithoutHistory,
     allocate_prefixes,
     allocate_prefixes_greedy,
     allocate_roots,
@@ -34,7 +31,6 @@ from trace_core.allocation import (
     beta_moments,
     check_root_budget,
     explore_roots,
-    get_method,
     next_checked_round,
     prefix_objective,
     prefix_value,
@@ -46,9 +42,9 @@ from trace_core.allocation import (
     root_value_beta,
     roots_trace,
     roots_uniform_all,
-    sample_in_rounds,
 )
 from trace_core.history import GresoConfig, HistoryView, PosteriorConfig, PromptHistory, beta_posterior
+from trace_core.methods import METHODS, Method, get_method, sample_in_rounds
 
 # Probabilities with the edge values SPEC asks for (0, 0.5, 1) mixed with arbitrary ones.
 probability = st.one_of(
@@ -647,7 +643,6 @@ def test_every_root_rule_is_one_interface_that_says_whether_it_reads_history():
                               rule(v, spec, np.random.default_rng(0), view))
     readers = {"greso", "trace-posterior", "trace-posterior-thompson", "vip", "knapsack-rl"}
     assert {n for n, m in METHODS.items() if m.reads_history} == readers
-    assert not WithoutHistory(GresoRoots()).reads_history  # the memoryless ablation builds no view
     with pytest.raises(TypeError, match="StatelessRoots"):  # a bare function does not say whether it reads history
         Method("x", lambda v, spec, rng: np.zeros(v.shape[0], dtype=np.int64), None, "")
 

@@ -16,10 +16,10 @@ from trace_core.allocation import (
     BudgetSpec,
     EntropySignals,
     PrefixPlacement,
-    get_method,
     roots_uniform,
 )
 from trace_core.arpo import ArpoConfig, anchor_entropy, arpo_placement, branch_order, window_entropy
+from trace_core.methods import get_method
 from trace_core.tree import ROOT, RolloutTree
 
 

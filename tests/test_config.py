@@ -102,7 +102,7 @@ def test_a_budget_rule_of_one_method_only_binds_that_method() -> None:
 
 def test_the_advantage_defaults_to_the_method_s_own_and_an_explicit_one_is_kept() -> None:
     from trace_core.advantages import ADVANTAGE_ESTIMATORS
-    from trace_core.allocation import get_method
+    from trace_core.methods import get_method
     from trace_core.training.config import TrainConfig
 
     cfg = load_config(TrainConfig, None, ["method=treepo"])

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_core.allocation import METHODS, get_method
+from trace_core.methods import METHODS, get_method
 from trace_core.seeding import derive_seed, predictor_seed, step_sampling_seed
 from trace_core.training.trainer import epoch_order, next_pool
 

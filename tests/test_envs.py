@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trace_core.allocation import get_method
 from trace_core.data import arith, bfcl, kb
 from trace_core.envs.common import SingleToolEnvironment, function_tool
 from trace_core.envs.fc_env import (
@@ -41,6 +40,7 @@ from trace_core.envs.math_env import MathEnvConfig, MathSnapshot, answer_is_corr
 from trace_core.envs.qa_env import QAEnvConfig, QAEnvironment, exact_match, f1_score, normalize_answer
 from trace_core.envs.registry import EnvsConfig, example_to_task, make_env_factory
 from trace_core.envs.sandbox import SandboxConfig
+from trace_core.methods import get_method
 from trace_core.retrieval import (
     RetrievalIndex,
     Retriever,

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from conftest import tiny_overrides
 
-from trace_core.allocation import METHODS
 from trace_core.config import load_config
+from trace_core.methods import METHODS
 from trace_core.training.config import TrainConfig
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

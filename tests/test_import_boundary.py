@@ -66,3 +66,53 @@ def test_no_trace_core_source_imports_the_layers_above_it() -> None:
                 continue
             culprits += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in ABOVE]
     assert culprits == [], "trace_core imports the pipeline layers: " + "; ".join(culprits)
+
+
+def _module_files() -> dict[str, Path]:
+    """trace_core's modules by dotted name (a package by its ``__init__``)."""
+    files = {}
+    for path in sorted((REPO / "trace_core").rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def _imported_modules(path: Path, files: dict[str, Path]) -> set[str]:
+    """The trace_core modules a file imports, inside functions and TYPE_CHECKING blocks too (each is
+    a dependency a reader follows): ``from a.b import c`` names the module ``a.b.c`` where that is
+    one, else ``a.b``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in files else node.module)
+    return {name for name in found if name in files}
+
+
+def test_no_two_trace_core_modules_import_each_other_even_through_others() -> None:
+    """The library's modules form layers: following imports from any module never leads back to it,
+    so each can be read, tested and replaced from the bottom up."""
+    files = _module_files()
+    graph = {name: _imported_modules(path, files) - {name} for name, path in files.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        path.append(name)
+        for dep in sorted(graph[name]):
+            if state.get(dep) == 1:
+                return path[path.index(dep):] + [dep]
+            if dep not in state and (circle := visit(dep)):
+                return circle
+        path.pop()
+        state[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state and (circle := visit(name)):
+            raise AssertionError("an import circle: " + " -> ".join(circle))
+    assert len(graph) > 40 and sum(map(len, graph.values())) > 100  # the graph was read, not empty

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_core.allocation import BudgetSpec, get_method, roots_uniform_all
+from trace_core.allocation import BudgetSpec, roots_uniform_all
 from trace_core.history import HistoryView, PromptHistory
 from trace_core.knapsack import (
     KnapsackConfig,
@@ -21,6 +21,7 @@ from trace_core.knapsack import (
     knapsack_value,
     success_estimates,
 )
+from trace_core.methods import get_method
 
 
 def _seen(p):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trace_core.allocation import BudgetSpec, get_method
+from trace_core.allocation import BudgetSpec
 from trace_core.costs import CostModel
 from trace_core.history import PromptHistory
+from trace_core.methods import get_method
 from trace_core.planner import StepPlanner
-from trace_core.token_budget import TokenLedger
+from trace_core.token_ledger import TokenLedger
 
 SPEC = BudgetSpec(16, 1, group_size_G=4, max_per_prompt=8, pool_factor=2)
 

@@ -7,8 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from trace_core.allocation import METHODS, BudgetSpec, GresoRoots, RoundLimits, get_method
+from trace_core.allocation import BudgetSpec, GresoRoots, RoundLimits
 from trace_core.history import GresoConfig, PromptHistory
+from trace_core.methods import METHODS, get_method
 from trace_core.rollout.agent import AgentConfig, observation_text
 from trace_core.rollout.env import Action, FixedTurnsEnvironment, Observation, Task, parse_action
 from trace_core.rollout.executor import TreeRolloutExecutor, expansion_of
@@ -314,7 +315,8 @@ def test_a_token_priced_prompt_spends_its_allowance_by_the_methods_stage_2(engin
     and further roots the executor starts are exactly what the method's stage 2 buys with it."""
     from trace_core.costs import CostModel, remaining_tokens
     from trace_core.rollout.executor import TokenAllowance
-    from trace_core.token_budget import TokenLedger, spend_prompt_tokens
+    from trace_core.token_budget import spend_prompt_tokens
+    from trace_core.token_ledger import TokenLedger
 
     method = get_method("trace-tokens")
     ledger = TokenLedger(CostModel(initial_tokens=36.0, initial_turns=3.0))
@@ -359,7 +361,7 @@ def test_a_token_priced_prompt_spends_its_allowance_by_the_methods_stage_2(engin
 def test_a_token_allowance_belongs_to_a_token_priced_method_only(engine, tokenizer) -> None:
     from trace_core.costs import CostModel
     from trace_core.rollout.executor import Expansion, TokenAllowance
-    from trace_core.token_budget import TokenLedger
+    from trace_core.token_ledger import TokenLedger
 
     allowance = TokenAllowance(np.zeros(2), np.full(2, 10.0), np.full(2, 0.5), TokenLedger(CostModel()))
     with pytest.raises(ValueError, match="TokenAllowance"):

@@ -1,4 +1,4 @@
-"""The simulator (trace_core/sim.py): determinism, the martingale, absorption, shared horizons,
+"""The simulator (trace_core/sim/): determinism, the martingale, absorption, shared horizons,
 equal budgets across the method registry, the no-anchor rule, and out-of-sample scoring."""
 
 from __future__ import annotations
@@ -9,16 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from trace_core.allocation import (
-    METHODS,
-    BudgetSpec,
-    GresoRoots,
-    Method,
-    allocate_roots_beta,
-    get_method,
-)
+from trace_core.allocation import BudgetSpec, GresoRoots, allocate_roots_beta
 from trace_core.costs import depth_correction
 from trace_core.history import GresoConfig, PosteriorConfig, PromptHistory, beta_posterior, greso_state
+from trace_core.methods import METHODS, Method, get_method
 from trace_core.metrics import allocation_stats, anchor_allocation, effective_ratio, spearman, step_metrics
 from trace_core.sim import (
     HistoryBatch,

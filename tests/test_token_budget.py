@@ -12,18 +12,17 @@ import numpy as np
 import pytest
 
 from trace_core.allocation import (
-    METHODS,
     BudgetSpec,
-    OneBudget,
-    OneBudgetConfig,
     allocate_prefixes,
     allocate_roots_dp,
     continuation_keep_probability,
-    get_method,
     prefix_objective,
     root_objective,
 )
+from trace_core.methods import METHODS, get_method
 from trace_core.token_budget import (
+    OneBudget,
+    OneBudgetConfig,
     PrefixCalibration,
     allocate_prefixes_tokens,
     allocate_prefixes_tokens_greedy,
@@ -398,7 +397,8 @@ def _hand_tree():
 
 def test_a_steps_costs_read_off_its_trees_count_each_rollouts_own_tokens() -> None:
     from trace_core.costs import CostModel, remaining_tokens
-    from trace_core.token_budget import TokenLedger, model_prefix_value, tree_step_costs
+    from trace_core.token_budget import model_prefix_value
+    from trace_core.token_ledger import TokenLedger, tree_step_costs
 
     ledger = TokenLedger(CostModel(initial_tokens=50.0, initial_turns=3.0))
     tree = _hand_tree()
@@ -423,7 +423,7 @@ def test_a_steps_costs_read_off_its_trees_count_each_rollouts_own_tokens() -> No
 
 def test_the_ledger_learns_from_a_step_and_reports_its_estimates_error() -> None:
     from trace_core.costs import CostModel, expected_root_tokens
-    from trace_core.token_budget import COST_FIGURES, TokenLedger, tree_step_costs
+    from trace_core.token_ledger import COST_FIGURES, TokenLedger, tree_step_costs
 
     ledger = TokenLedger(CostModel(initial_tokens=50.0, initial_turns=3.0, prior_weight=1.0))
     tree = _hand_tree()
@@ -446,7 +446,7 @@ def test_rollouts_before_step_zero_set_the_price_of_every_unseen_prompt() -> Non
     """The predictor warm-up's bare rollouts seed the ledger: an unseen pool prompt is then priced
     at their mean, not at the first guess, and the figures compare that guess with them."""
     from trace_core.costs import CostModel, expected_root_tokens
-    from trace_core.token_budget import TokenLedger, ledger_after_rollouts
+    from trace_core.token_ledger import TokenLedger, ledger_after_rollouts
 
     ledger = TokenLedger(CostModel(initial_tokens=500.0, initial_turns=3.0))
     seeded, figures = ledger_after_rollouts(ledger, [_hand_tree()])  # bare rollouts of 60 and 15 tokens

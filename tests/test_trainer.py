@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import tiny_overrides
 
-from trace_core.allocation import METHODS
 from trace_core.config import load_config
+from trace_core.methods import METHODS
 from trace_core.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]

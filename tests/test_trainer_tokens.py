@@ -13,7 +13,7 @@ import pytest
 from conftest import tiny_overrides
 
 from trace_core.config import ConfigError, load_config
-from trace_core.token_budget import COST_FIGURES
+from trace_core.token_ledger import COST_FIGURES
 from trace_core.training.config import TrainConfig
 from trace_core.tree import ROOT, load_trees
 

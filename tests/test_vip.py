@@ -8,8 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from trace_core.allocation import BudgetSpec, get_method
+from trace_core.allocation import BudgetSpec
 from trace_core.history import HistoryView, PromptHistory
+from trace_core.methods import get_method
 from trace_core.sim import OraclePredictor, PersistentPool, run_step
 from trace_core.vip import (
     VipConfig,

@@ -23,10 +23,10 @@ _EXPORTS = {
     "TokenAllowance": "trace_core.planner",
     # methods and budgets
     "BudgetSpec": "trace_core.allocation",
-    "Method": "trace_core.allocation",
-    "METHODS": "trace_core.allocation",
-    "get_method": "trace_core.allocation",
-    "register_method": "trace_core.allocation",
+    "Method": "trace_core.methods",
+    "METHODS": "trace_core.methods",
+    "get_method": "trace_core.methods",
+    "register_method": "trace_core.methods",
     "AnchorSignals": "trace_core.allocation",
     # trees and advantages
     "RolloutTree": "trace_core.tree",
@@ -43,7 +43,7 @@ _EXPORTS = {
     "is_success": "trace_core.metrics",
     # state a step carries
     "PromptHistory": "trace_core.history",
-    "TokenLedger": "trace_core.token_budget",
+    "TokenLedger": "trace_core.token_ledger",
     # the contracts of the extension points
     "RolloutEngine": "trace_core.rollout.engine",
     "Environment": "trace_core.rollout.env",

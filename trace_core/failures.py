@@ -39,12 +39,11 @@ def refused_before_work() -> tuple[type[BaseException], ...]:
     (:class:`~trace_core.config.ConfigError`), invalid data
     (:class:`~trace_core.data.reading.DataValidationError`), a tracking store that cannot take the
     run, an output_dir another process writes or whose checkpoint is another configuration's
-    (:class:`~trace_core.training.run_guard.RunRefused`). Entry points report them in one line
+    (:class:`~trace_core.errors.RunRefused`). Entry points report them in one line
     with exit status 2."""
     from trace_core.config import ConfigError
     from trace_core.data.reading import DataValidationError
-    from trace_core.tracking import TrackingStoreError
-    from trace_core.training.run_guard import RunRefused
+    from trace_core.errors import RunRefused, TrackingStoreError
 
     return ConfigError, DataValidationError, TrackingStoreError, RunRefused
 

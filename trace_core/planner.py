@@ -28,18 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import BudgetSpec, Method
+from trace_core.allocation import BudgetSpec
 from trace_core.costs import expected_anchor_fraction, expected_root_tokens, expected_turns, remaining_tokens
 from trace_core.history import HistoryView, PromptHistory
+from trace_core.methods import Method
 from trace_core.metrics import is_success
-from trace_core.token_budget import (
-    StepCosts,
-    TokenLedger,
-    TokenPlan,
-    ledger_after_rollouts,
-    tree_step_costs,
-    uniform_spec_for_tokens,
-)
+from trace_core.token_budget import TokenPlan, uniform_spec_for_tokens
+from trace_core.token_ledger import StepCosts, TokenLedger, ledger_after_rollouts, tree_step_costs
 from trace_core.tree import RolloutTree
 
 PromptIds = Sequence[Hashable] | np.ndarray

@@ -33,33 +33,23 @@ depends on the tree's shape, not on the contrasts it holds.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import numpy as np
 
 from trace_core.allocation import (
     GAIN_TIE_TOL,
+    AnchorSignals,
     BudgetSpec,
-    OneBudgetConfig,
-    _as_probabilities,
-    _check_prefix_inputs,
+    as_int,
+    as_probabilities,
+    check_prefix_inputs,
     continuation_keep_probability,
     root_unit_gains,
     root_value,
 )
-from trace_core.costs import (
-    CostModel,
-    CostState,
-    cost_error,
-    expected_root_tokens,
-    observe,
-    observe_continuations,
-    remaining_tokens,
-)
-from trace_core.metrics import SUCCESS_THRESHOLD
-from trace_core.tree import ROOT, RolloutTree
+from trace_core.history import HistoryView
 
 # The exact root DP's default resolution: the token budget in this many units (quantum ⌈T/units⌉).
 ROOT_DP_UNITS = 4096
@@ -168,7 +158,7 @@ def allocate_roots_tokens(
     candidate share, and at trainer-sized pools (hundreds of prompts, T/q = 4,096) it runs in a
     fraction of a second. :func:`allocate_roots_tokens_greedy` is the alternative for pools where
     the table is too large, with a gap of at most one opening unit."""
-    v = _as_probabilities(v, "v")
+    v = as_probabilities(v, "v")
     c = _as_costs(cost, "cost", v.shape[0])
     T = _as_tokens(budget_tokens, "budget_tokens")
     K = _as_max_per_prompt(max_per_prompt)
@@ -193,7 +183,7 @@ def allocate_roots_tokens_greedy(v: object, cost: object, budget_tokens: int, ma
     by ratio with chain order on ties never places a unit before its predecessor, so the greedy's
     first stretch takes exactly the relaxation's whole units and later fits only add value:
     ``greedy ≥ LP − θ·g_crit ≥ OPT − max unit gain``. The largest unit is an opening pair, ``2a ≤ 1/2``."""
-    v = _as_probabilities(v, "v")
+    v = as_probabilities(v, "v")
     c = _as_costs(cost, "cost", v.shape[0])
     T = _as_tokens(budget_tokens, "budget_tokens")
     K = _as_max_per_prompt(max_per_prompt)
@@ -235,7 +225,7 @@ def allocate_prefixes_tokens(
     units), exact for the rounded costs, within ``T_pref`` for the true ones. O(Σ_j (U/u_j) · U)
     time for ``U = T_pref/q`` units; ties keep the smaller ``K_j``. A reference for the greedy
     (:func:`allocate_prefixes_tokens_greedy`), which the one-budget rule uses per prompt."""
-    p, r_arr, _ = _check_prefix_inputs(p, r, None)
+    p, r_arr, _ = check_prefix_inputs(p, r, None)
     c = _as_costs(cost, "cost", p.shape[0])
     T = _as_tokens(budget_tokens, "budget_tokens")
     units, U, _ = _quantise(c, T, quantum, PREFIX_DP_UNITS)
@@ -300,7 +290,7 @@ def allocate_prefixes_tokens_greedy(
     :func:`allocate_roots_tokens_greedy` (the fractional knapsack over all units is a relaxation
     whose optimum the greedy matches up to a fraction of one critical unit) bounds the gap by the
     largest unit gain, an anchor's first continuation."""
-    p, r_arr, t = _check_prefix_inputs(p, r, turn)
+    p, r_arr, t = check_prefix_inputs(p, r, turn)
     c = _as_costs(cost, "cost", p.shape[0])
     budget = float(budget_tokens)
     if not (np.isfinite(budget) and budget >= 0.0):
@@ -313,7 +303,7 @@ def expected_prefix_unit_gains(v: object, units: int) -> np.ndarray:
     """float64 (B, units): stage 1's expected gain of the k-th continuation at an anchor of a prompt
     rated ``v`` before the anchor exists — the anchor's prediction taken as ``p ≈ v`` and the bare
     outcome through it as ``r ~ Bernoulli(v)``: ``E_r[q^{k−1}(1 − q)] = v(1−v)(v^{k−1} + (1−v)^{k−1})``."""
-    v = _as_probabilities(v, "v")
+    v = as_probabilities(v, "v")
     k = np.arange(1, int(units) + 1, dtype=np.float64)[None, :]
     a = (v * (1.0 - v))[:, None]
     return a * (np.power(v[:, None], k - 1) + np.power(1.0 - v[:, None], k - 1))
@@ -325,7 +315,7 @@ def model_prefix_value(v: object, anchors: object, continuations: object, units:
     then every anchor's second, … (the best spread, the gains falling with k) over the first
     ``units`` per anchor. The one-budget rule's calibration compares it with the realised count of
     mixed branch groups (:class:`PrefixCalibration`)."""
-    v = _as_probabilities(v, "v")
+    v = as_probabilities(v, "v")
     A = np.asarray(anchors, dtype=np.float64)
     n = np.asarray(continuations, dtype=np.float64)
     if A.shape != v.shape or n.shape != v.shape or np.any(A < 0) or np.any(n < 0):
@@ -410,7 +400,7 @@ def plan_token_step(
     value wins (ties: the smaller share); each prompt's reservation is what that prediction spends
     on it (floored to whole tokens). With ``ρ = 0`` nothing is reserved."""
     config = config or OneBudgetConfig()
-    v = _as_probabilities(v, "v")
+    v = as_probabilities(v, "v")
     B = v.shape[0]
     c = _as_costs(root_cost, "root_cost", B)
     n_turns = _as_costs(turns, "turns", B)
@@ -506,13 +496,13 @@ def spend_prompt_tokens(
     By :func:`allocate_prefixes_tokens_greedy`'s argument the result is within one first unit's
     gain (≤ 1) of the best spend of the allowance. A prompt without anchors spends on root
     rollouts only. Returns the continuations per anchor and the extra root rollouts."""
-    p_arr, r_arr, t = _check_prefix_inputs(p, r, turn)
+    p_arr, r_arr, t = check_prefix_inputs(p, r, turn)
     A = p_arr.shape[0]
     c = _as_costs(anchor_cost, "anchor_cost", A)
     bare = np.asarray(bare_rewards, dtype=np.float64)
     if bare.ndim != 1 or bare.size == 0 or np.any(~np.isin(bare, (0.0, 1.0))):
         raise ValueError("bare_rewards must hold the prompt's bare outcomes, each 0 or 1, at least one")
-    root_p = float(_as_probabilities([root_p], "root_p")[0])
+    root_p = float(as_probabilities([root_p], "root_p")[0])
     root_cost_arr = _as_costs([root_cost], "root_cost", 1)
     allowance = float(allowance)
     if not np.isfinite(allowance):
@@ -570,166 +560,77 @@ def uniform_spec_for_tokens(spec: BudgetSpec, cost: object) -> BudgetSpec:
     return replace(spec, roots_M=n * spec.group_size_G, expansion_N=0, tokens_per_step=None)
 
 
-# ============================================================================ the ledger
+# ============================================================================ the one-budget rule as a method's rule
 @dataclass(frozen=True)
-class StepCosts:
-    """What one step generated, beside what the ledger expected of it, for
-    :meth:`TokenLedger.after_step`. The simulator and the trainer each build one from their own
-    rollouts; the update is this module's, so both learn their costs by one rule."""
+class OneBudgetConfig:
+    """The one-budget rule of ``trace-tokens`` (method §10, :mod:`trace_core.token_budget`)."""
 
-    bare_tokens: np.ndarray  # float64 (R,): generated tokens of each bare root rollout
-    bare_turns: np.ndarray  # float64 (R,): its turns
-    bare_estimate: np.ndarray  # float64 (R,): a root rollout of its prompt's expected tokens, as the step priced it
-    bare_prompt_ids: Sequence[Hashable] | None  # (R,): its prompt's id; None: prompts that never recur
-    cont_tokens: np.ndarray  # float64 (C,): generated tokens of each continuation from an anchor (not extra roots)
-    cont_turn: np.ndarray  # float64 (C,): the turn t of its anchor
-    cont_turns: np.ndarray  # float64 (C,): the turns T of the bare rollout through that anchor
-    cont_root_estimate: np.ndarray  # float64 (C,): its prompt's root estimate the step used (the linear rule's base)
-    cont_estimate: np.ndarray  # float64 (C,): the anchor's expected remaining tokens, as the step priced it
-    # A token-priced step's calibration pair (None otherwise): stage 1's model value of the
-    # continuations each prompt ran (model_prefix_value), summed, and the expanded anchors whose
-    # branch group shows both outcomes.
-    prefix_predicted: float | None = None
-    prefix_realised: float = 0.0
+    # Candidate shares R/T of the step's token budget kept from the root solver for stage 2; the
+    # share whose root value plus predicted prefix value is largest wins (ties: the smaller share).
+    reservation_grid: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+    # Budget units of stage 1's exact root DP: its quantum is ⌈T / root_dp_units⌉ tokens.
+    root_dp_units: int = 4096
+    # Continuations per expected anchor that stage 1's prediction counts (the k-th gains
+    # v(1−v)(v^{k−1} + (1−v)^{k−1}), so later ones add little).
+    plan_units_per_anchor: int = 32
 
     def __post_init__(self) -> None:
-        R, C = np.shape(self.bare_tokens), np.shape(self.cont_tokens)
-        for name in ("bare_turns", "bare_estimate"):
-            if np.shape(getattr(self, name)) != R:
-                raise ValueError(f"{name} has shape {np.shape(getattr(self, name))}: one per bare rollout {R}")
-        if self.bare_prompt_ids is not None and len(self.bare_prompt_ids) != R[0]:
-            raise ValueError(f"bare_prompt_ids has {len(self.bare_prompt_ids)} entries: one per bare rollout {R}")
-        for name in ("cont_turn", "cont_turns", "cont_root_estimate", "cont_estimate"):
-            if np.shape(getattr(self, name)) != C:
-                raise ValueError(f"{name} has shape {np.shape(getattr(self, name))}: one per continuation {C}")
-
-
-COST_FIGURES = ("tokens/root_cost_expected", "tokens/root_cost_realised", "tokens/root_cost_error",
-                "tokens/root_cost_bias", "tokens/anchor_cost_expected", "tokens/anchor_cost_realised",
-                "tokens/anchor_cost_error", "tokens/anchor_cost_bias")
-
-
-def _cost_figures(kind: str, estimated: np.ndarray, realised: np.ndarray) -> dict[str, float]:
-    """``tokens/{kind}_cost_*`` of :data:`COST_FIGURES`: mean expected and realised tokens a rollout,
-    the mean relative error and its sign (a realised 0 counted as 1)."""
-    err = cost_error(estimated, np.maximum(realised, 1))
-    return {f"tokens/{kind}_cost_expected": float(np.mean(estimated)),
-            f"tokens/{kind}_cost_realised": float(np.mean(realised)),
-            f"tokens/{kind}_cost_error": err.mean_relative, f"tokens/{kind}_cost_bias": err.bias}
+        grid = tuple(float(x) for x in self.reservation_grid)
+        if not grid or any(not (np.isfinite(x) and 0.0 <= x < 1.0) for x in grid):
+            raise ValueError(f"reservation_grid = {self.reservation_grid}: it needs at least one share, each in [0, 1)")
+        for name in ("root_dp_units", "plan_units_per_anchor"):
+            if as_int(getattr(self, name), name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)}: it must be >= 1")
 
 
 @dataclass(frozen=True)
-class TokenLedger:
-    """What the token budget carries from step to step, immutable: the cost model and its state
-    (:mod:`trace_core.costs`: per-prompt and policy-wide discounted lengths, the learned per-depth
-    continuation correction) and the one-budget rule's calibration (:class:`PrefixCalibration`).
-    :meth:`after_step` returns the next one; a trainer checkpoints :meth:`to_dict`."""
+class OneBudget:
+    """``trace-tokens``' rule: one token budget a step, no fixed ``m_i·N`` prefix share — stage 1
+    :func:`~trace_core.token_budget.plan_token_step` (exact roots, a reservation chosen on
+    :attr:`OneBudgetConfig.reservation_grid`), stage 2
+    :func:`~trace_core.token_budget.spend_prompt_tokens` (per prompt, gain per expected token over
+    continuations and more root rollouts)."""
 
-    cost_model: CostModel
-    costs: CostState = field(default_factory=CostState)
-    calibration: PrefixCalibration = PrefixCalibration()
+    config: OneBudgetConfig = OneBudgetConfig()
 
-    def after_step(self, step: StepCosts) -> tuple[TokenLedger, dict[str, float]]:
-        """The ledger after a step, and the cost estimates' figures against what it generated
-        (:data:`COST_FIGURES`: mean expected and realised tokens a rollout, the mean relative
-        error and its sign — NaN where the step had no such rollout — and ``tokens/rho`` after a
-        token-priced step).
+    def plan(
+        self, v: np.ndarray, root_cost: np.ndarray, turns: np.ndarray, anchor_fraction: np.ndarray,
+        spec: BudgetSpec, rho: float = 1.0,
+    ) -> object:
+        if spec.tokens_per_step is None:
+            raise ValueError("a token-priced rule needs a token budget: BudgetSpec.tokens_per_step is None")
+        from trace_core.token_budget import plan_token_step  # that module builds on this one
 
-        The costs observe the bare rollouts (tokens and turns, per prompt where prompts recur) and
-        the continuations from anchors (realised tokens against the linear rule's prediction from
-        the root estimate the step used); a token-priced step's calibration adds its predicted and
-        realised prefix value. A realised length of 0 tokens counts as 1 in the relative error."""
-        model, costs = self.cost_model, self.costs
-        t = costs.step + 1
-        figures = dict.fromkeys(COST_FIGURES, float("nan"))
-        bare_tokens = np.asarray(step.bare_tokens, dtype=np.float64)
-        if bare_tokens.size:
-            figures.update(_cost_figures("root", step.bare_estimate, bare_tokens))
-            costs = observe(costs, model, t, bare_tokens, step.bare_turns, step.bare_prompt_ids)
-        cont_tokens = np.asarray(step.cont_tokens, dtype=np.float64)
-        if cont_tokens.size:
-            figures.update(_cost_figures("anchor", step.cont_estimate, cont_tokens))
-            turn = np.asarray(step.cont_turn, dtype=np.float64)
-            turns = np.asarray(step.cont_turns, dtype=np.float64)
-            linear = np.asarray(step.cont_root_estimate, dtype=np.float64) * (1.0 - turn / turns)
-            costs = observe_continuations(costs, model, t, turn, turns, linear, cont_tokens)
-        calibration = self.calibration
-        if step.prefix_predicted is not None:
-            calibration = calibration.observe(step.prefix_predicted, step.prefix_realised)
-            figures["tokens/rho"] = calibration.rho
-        return TokenLedger(model, costs, calibration), figures
+        return plan_token_step(v, root_cost, turns, anchor_fraction, spec.tokens_per_step, rho,
+                               spec.max_per_prompt, self.config)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form of the state (the cost model is configuration, not state: not included)."""
-        return {"costs": self.costs.to_dict(), "calibration": self.calibration.to_dict()}
+    def spend(
+        self, p: np.ndarray, r: np.ndarray, turn: np.ndarray, anchor_cost: np.ndarray, bare_rewards: np.ndarray,
+        root_p: float, root_cost: float, allowance: float,
+    ) -> object:
+        from trace_core.token_budget import spend_prompt_tokens
 
-    @classmethod
-    def from_dict(cls, cost_model: CostModel, data: dict[str, Any]) -> TokenLedger:
-        """The ledger :meth:`to_dict` described, under ``cost_model``."""
-        return cls(cost_model, CostState.from_dict(data["costs"]), PrefixCalibration.from_dict(data["calibration"]))
+        return spend_prompt_tokens(p, r, turn, anchor_cost, bare_rewards, root_p, root_cost, allowance)
 
 
-def tree_step_costs(
-    trees: Sequence[RolloutTree], ledger: TokenLedger, root_estimate: Mapping[str, float],
-    root_p: Mapping[str, float] | None = None,
-) -> StepCosts:
-    """A step's :class:`StepCosts` read off its trees (the trainer's rollouts): every bare
-    rollout's generated tokens and turns, and every continuation from an anchor's (a further root
-    rollout — a continuation from the root — is neither: it is priced as a root and observed as
-    none, since it is no independent draw of the prompt's length once the allocator chose to run
-    it). ``root_estimate``: the expected tokens of a root rollout of each tree's prompt, as the
-    step priced it; an anchor's estimate is :func:`~trace_core.costs.remaining_tokens` from the
-    ``ledger`` the step read. ``root_p``: a token-priced step's root predictions — its calibration
-    pair is computed (the stage-1 model's value of the continuations each prompt ran, and its
-    expanded anchors whose branch group shows both outcomes); None for any other step."""
-    bare_tokens, bare_turns, bare_est, bare_ids = [], [], [], []
-    c_tokens, c_turn, c_turns, c_root = [], [], [], []
-    predicted = 0.0 if root_p is not None else None
-    realised = 0.0
-    for tree in trees:
-        est = float(root_estimate[tree.prompt_id])
-        per_anchor: dict[int, list[int]] = {}
-        for traj in tree.trajectories:
-            generated = sum(sum(tree.nodes[n].loss_mask) for n in traj.nodes)
-            if traj.kind == "bare":
-                bare_tokens.append(generated)
-                bare_turns.append(tree.nodes[traj.nodes[-1]].depth)
-                bare_est.append(est)
-                bare_ids.append(tree.prompt_id)
-            elif traj.branch_node != ROOT:
-                c_tokens.append(generated)
-                c_turn.append(tree.nodes[traj.branch_node].depth)
-                c_turns.append(tree.bare_length(traj.branch_node))
-                c_root.append(est)
-                per_anchor.setdefault(traj.branch_node, []).append(traj.id)
-        if root_p is not None:
-            for anchor, conts in per_anchor.items():
-                outcomes = [tree.trajectory_reward(t) > SUCCESS_THRESHOLD
-                            for t in [tree.nodes[anchor].trajectory, *conts]]
-                realised += float(min(outcomes) != max(outcomes))
-            n_cont = float(sum(len(c) for c in per_anchor.values()))
-            v = np.array([float(root_p[tree.prompt_id])])
-            predicted += float(model_prefix_value(v, np.array([float(len(tree.anchors()))]), np.array([n_cont]))[0])
-    c_root_arr, c_turn_arr, c_turns_arr = (np.asarray(x, dtype=np.float64) for x in (c_root, c_turn, c_turns))
-    cont_estimate = (remaining_tokens(ledger.costs, ledger.cost_model, c_root_arr, c_turn_arr, c_turns_arr)
-                     if c_root else np.zeros(0))
-    bare_arrays = (np.asarray(x, dtype=np.float64) for x in (bare_tokens, bare_turns, bare_est))
-    return StepCosts(
-        *bare_arrays, bare_prompt_ids=bare_ids,
-        cont_tokens=np.asarray(c_tokens, dtype=np.float64), cont_turn=c_turn_arr, cont_turns=c_turns_arr,
-        cont_root_estimate=c_root_arr, cont_estimate=cont_estimate,
-        prefix_predicted=predicted, prefix_realised=realised,
-    )
+TOKEN_PRICED = ("this method prices its rollouts in generated tokens: plan it with its token_rule (plan, then "
+                 "spend per prompt) under a BudgetSpec with tokens_per_step; it has no trajectory-budget rule")
 
 
-def ledger_after_rollouts(ledger: TokenLedger, trees: Sequence[RolloutTree]) -> tuple[TokenLedger, dict[str, float]]:
-    """The ledger after rollouts of the same policy made outside a training step — the predictor
-    warm-up's bare rollouts, before step 0 — and its cost figures against them. Without them a
-    run's first token-priced step plans at ``initial_tokens``, a guess that may be several times
-    the policy's real length (the step then buys far fewer rollouts than the budget allows); with
-    them it plans at the policy's measured mean. They count as one step of the ledger, priced at
-    its estimates before them; their prompts are not the training pool's, so only the policy's
-    mean (the fallback for every unseen prompt) carries over to the pool."""
-    ids = [t.prompt_id for t in trees]
-    estimate = expected_root_tokens(ledger.costs, ledger.cost_model, ids)
-    return ledger.after_step(tree_step_costs(trees, ledger, dict(zip(ids, estimate.tolist(), strict=True))))
+@dataclass(frozen=True)
+class TokenPricedRoots:
+    """The trajectory root slot of a method priced in tokens: it has no reading under a budget of
+    trajectories, so it refuses rather than fall back to another rule."""
+
+    reads_history: ClassVar[bool] = False
+
+    def __call__(
+        self, v: np.ndarray, spec: BudgetSpec, rng: np.random.Generator, history: HistoryView | None = None,
+        budget: int | None = None,
+    ) -> np.ndarray:
+        raise ValueError(TOKEN_PRICED)
+
+
+def prefixes_token_priced(anchors: AnchorSignals, budget: int, rng: np.random.Generator) -> np.ndarray:
+    """The trajectory prefix slot of a method priced in tokens: it refuses (see :class:`TokenPricedRoots`)."""
+    raise ValueError(TOKEN_PRICED)

@@ -60,11 +60,12 @@ import numpy as np
 import torch
 
 from trace_core.advantages import AdvantageEstimator, get_advantage_estimator, token_advantages, tree_advantages_batch
-from trace_core.allocation import BudgetSpec, Method, get_method
+from trace_core.allocation import BudgetSpec
 from trace_core.costs import CostModel
 from trace_core.envs.families import get_family
 from trace_core.envs.registry import EnvsConfig, make_env_factory
 from trace_core.history import PromptHistory
+from trace_core.methods import Method, get_method
 from trace_core.metrics import allocation_stats, anchor_allocation, step_metrics
 from trace_core.planner import RootPlan, StepPlanner
 from trace_core.predictor import SuccessPredictor
@@ -75,7 +76,7 @@ from trace_core.rollout.env import Task
 from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of
 from trace_core.rollout.hf_engine import HFEngine
 from trace_core.seeding import derive_seed, predictor_seed, step_sampling_seed
-from trace_core.token_budget import TokenLedger
+from trace_core.token_ledger import TokenLedger
 from trace_core.training.config import BudgetConfig, check_method_budget
 from trace_core.tree import RolloutTree
 
@@ -103,7 +104,7 @@ class TraceTRLConfig:
     docstring); sampling's ``temperature`` and ``top_p`` are TRL's (the loss divides the logits by
     TRL's temperature, so the rollouts must sample at it)."""
 
-    method: str = "trace"  # a name of the allocation registry (trace_core.allocation.METHODS)
+    method: str = "trace"  # a name of the allocation registry (trace_core.methods.METHODS)
     # M, N, G, M_max and the pool factor (tokens_per_step must stay None: no token-priced steps here)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     # an estimator of trace_core.advantages' registry by name; None: method §6's tree advantage with

@@ -20,7 +20,7 @@ scorer; ``None`` for bare groups only: measurements, evaluation), the executor
 
 A method priced in generated tokens (``trace-tokens``, method §10) has no ``m_i·N``: its
 expansion carries the step's :class:`TokenAllowance` (stage 1's reservations, the expected costs
-and the run's :class:`~trace_core.token_budget.TokenLedger`), and in step 3 each prompt spends its
+and the run's :class:`~trace_core.token_ledger.TokenLedger`), and in step 3 each prompt spends its
 reservation plus what its bare rollouts cost less than expected — known once they have finished —
 with the method's stage 2 (``token_rule.spend``): continuations at its anchors, priced by their
 expected remaining tokens, and further root rollouts, each next unit where it gains most per token.
@@ -43,9 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import AnchorSignals, BudgetSpec, EntropySignals, Method, sample_in_rounds
+from trace_core.allocation import AnchorSignals, BudgetSpec, EntropySignals
 from trace_core.arpo import anchor_entropy
 from trace_core.history import HistoryView
+from trace_core.methods import Method, sample_in_rounds
 from trace_core.metrics import is_success, tree_is_mixed
 from trace_core.planner import TokenAllowance
 from trace_core.rollout.agent import AgentConfig, observation_tokens, render_prompt
@@ -550,7 +551,7 @@ class TreeRolloutExecutor:
         """Bare groups in rounds with ``method.group_filter`` (DAPO's dynamic sampling), within the
         rule's own limits (a cap on rounds, on rollouts, or both). First the method's pre-rollout
         filter, where it has one, decides which candidates the rounds may sample
-        (:meth:`~trace_core.allocation.Method.round_candidates`, reading ``history``: one row per
+        (:meth:`~trace_core.methods.Method.round_candidates`, reading ``history``: one row per
         task, as the trainer's :class:`~trace_core.history.PromptHistory` views it). Before each
         round the rule sees the candidates still available, the mixed groups so far, the rollouts
         spent and the rounds run, and returns the round's ``m`` (all zeros: stop); each round is one

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trace_core.advantages import ADVANTAGE_ESTIMATORS
-from trace_core.allocation import METHODS, BudgetSpec
+from trace_core.allocation import BudgetSpec
 from trace_core.costs import CostModel
 from trace_core.envs.families import family_names
 from trace_core.envs.registry import EnvsConfig
+from trace_core.methods import METHODS
 from trace_core.predictor.config import PredictorConfig
 from trace_core.rollout.agent import AgentConfig
 from trace_core.tracking import TrackingConfig
@@ -63,7 +64,7 @@ def check_method_budget(method: str, budget: BudgetConfig) -> None:
     naming the dotted keys and their values."""
     import numpy as np
 
-    from trace_core.allocation import get_method
+    from trace_core.methods import get_method
 
     keys = (f"budget.roots_M = {budget.roots_M}, budget.expansion_N = {budget.expansion_N}, "
             f"budget.group_size_G = {budget.group_size_G}, budget.max_per_prompt = {budget.max_per_prompt}, "
@@ -199,7 +200,7 @@ class PredictorWarmupConfig:
 class TrainConfig:
     """A training run (method §2–§7). Every field can be overridden as ``section.key=value``."""
 
-    method: str = "trace"  # a name of the method registry (trace_core.allocation.METHODS; docs/method.md §4)
+    method: str = "trace"  # a name of the method registry (trace_core.methods.METHODS; docs/method.md §4)
     # tree | tree-no-std | grpo | treepo (method §6); None: the method's default_advantage (the tree advantage)
     advantage: str | None = None
     steps: int = 4  # training steps

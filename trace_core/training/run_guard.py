@@ -36,16 +36,12 @@ from typing import Any
 
 from trace_core.config import ConfigError
 from trace_core.envs.families import get_family
+from trace_core.errors import RunRefused
 from trace_core.locks import LOCK_NAME, HeldLock, LockHeld, hold, lead_process
 from trace_core.tracking import sqlite_path
 from trace_core.training.config import TrainConfig
 
 RUN_IDENTITY_FILE = "run_identity.json"  # in output_dir, written when the tracking run is created
-
-
-class RunRefused(RuntimeError):
-    """The run cannot start in its folder: another process writes it, or its checkpoint belongs to
-    a run of another configuration."""
 
 
 # ============================================================================ paths

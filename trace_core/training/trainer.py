@@ -12,7 +12,7 @@ and expansion by rounds of bare groups, whose dropped groups are paid for (budge
 effective ratio) but not trained on; a token rule (``method.prices_tokens``: ``trace-tokens``)
 plans the roots and each prompt's reservation in generated tokens (``budget.tokens_per_step``) and
 its expansion spends each prompt's allowance. Every step prices its rollouts in expected
-generated tokens from the run's :class:`~trace_core.token_budget.TokenLedger` (kept by every
+generated tokens from the run's :class:`~trace_core.token_ledger.TokenLedger` (kept by every
 checkpoint) and logs the estimates beside what the rollouts generated.
 
 A step is logged only after its checkpoint is written, and the tracker's spool resends what a
@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from trace_core.allocation import get_method
 from trace_core.config import ConfigError, flatten
 from trace_core.costs import expected_root_tokens
 from trace_core.evaluation.success import measure_success
 from trace_core.failures import RunFailed, doing, refused_before_work, run_failed
 from trace_core.history import PromptHistory
+from trace_core.methods import get_method
 from trace_core.metrics import AllocationStats, allocation_stats, anchor_allocation, pass_at_1, step_metrics
 from trace_core.planner import RootPlan, StepPlanner
 from trace_core.rollout.agent import render_prompt
@@ -55,12 +55,8 @@ from trace_core.rollout.executor import (
 )
 from trace_core.rollout.guard import EngineGuardConfig, GuardedEngine
 from trace_core.seeding import derive_seed, predictor_seed, step_sampling_seed
-from trace_core.token_budget import (
-    TokenLedger,
-    ledger_after_rollouts,
-    uniform_groups_for_tokens,
-    uniform_spec_for_tokens,
-)
+from trace_core.token_budget import uniform_groups_for_tokens, uniform_spec_for_tokens
+from trace_core.token_ledger import TokenLedger, ledger_after_rollouts
 from trace_core.tracking import MLflowTracker, Tracker, end_after, tracked_run
 from trace_core.training.config import TrainConfig
 from trace_core.training.heartbeat import Heartbeat
