@@ -69,7 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import VARIANTS, SharedEngine, git_commit, tree_is_dirty
+from bench.harness import VARIANTS, Provenance, SharedEngine
 
 # The policy trains on the CPU; DeepSpeed reads this when the trainer loads it. Not a package
 # default: the GPU check runs DeepSpeed on CUDA.
@@ -196,10 +196,12 @@ def run_one(variant: str, seed: int, args, engine, start_record: dict | None) ->
             "rollouts_per_step": cfg.budget.spec().total, "cost_fractions": summary["cost_fractions"]}
 
 
-def run_or_reuse(variant: str, seed: int, args, engine: SharedEngine, start_record: dict | None, commit: str | None,
-                 testbed_hash: str) -> tuple[dict, str | None]:
+def run_or_reuse(variant: str, seed: int, args, engine: SharedEngine, start_record: dict | None,
+                 provenance: Provenance, testbed_hash: str) -> tuple[dict, str | None]:
     """A run's result and, when it came from a record, the commit that record was made at (None:
-    it ran now and wrote its record)."""
+    it ran now and wrote its record, stamped with ``provenance``: the checkout as the benchmark
+    found it when it started, not as it is when the run ends)."""
+    commit = provenance.commit
     folder = Path(args.out_dir) / f"{variant}-seed{seed}"
     settings = run_settings(variant, seed, args, testbed_hash)
     cached = cached_run(folder, commit, settings, args.fresh, args.any_commit)
@@ -210,7 +212,7 @@ def run_or_reuse(variant: str, seed: int, args, engine: SharedEngine, start_reco
     run = run_one(variant, seed, args, engine.get(), start_record)
     # kept in the record too, so a record copied without its trees (committed, say) still tables it
     run["allocation_shift"] = allocation_shift(folder)
-    record = json.dumps({"commit": commit, "dirty": tree_is_dirty(), "settings": settings, "run": run}, indent=1,
+    record = json.dumps({"commit": commit, "dirty": provenance.dirty, "settings": settings, "run": run}, indent=1,
                         default=float)
     (folder / f".{RECORD}.tmp").write_text(record)
     os.replace(folder / f".{RECORD}.tmp", folder / RECORD)  # a record is whole or absent
@@ -311,8 +313,9 @@ def yield_count(run: dict) -> float:
     """Rollouts with a nonzero own-node advantage, summed over steps (each step's yield is that
     step's rollouts with one, per 100 rollouts; a run that logged the count itself gives the
     same number)."""
-    return float(sum(y / 100 * n for y, n in zip(run["series"]["contrastive_yield"], run["series"]["counts/rollouts"],
-                                           strict=True)))
+    from trace_core.training.summary import contrastive_rollouts
+
+    return contrastive_rollouts(run["series"]["contrastive_yield"], run["series"]["counts/rollouts"])
 
 
 def rollout_seconds(run: dict) -> float | None:
@@ -657,15 +660,15 @@ def print_run(variant: str, seed: int, run: dict, made_at: str | None) -> None:
           f"{'' if made_at is None else f', from its record (commit {made_at[:10]})'})", flush=True)
 
 
-def make_runs(args: argparse.Namespace, variants: list[str], commit: str | None,
+def make_runs(args: argparse.Namespace, variants: list[str], provenance: Provenance,
               testbed_hash: str) -> tuple[list[dict], dict[str, str]]:
     """Every requested run, made now or reused from its record, and the commit of each reused one."""
     engine = SharedEngine(f"{args.testbed}/policy")
     runs: list[dict] = []
     reused: dict[str, str] = {}  # run -> the commit its record was made at
     start: dict | None = None  # the pool success at step 0: the same policy and seeds for every run
-    for v, seed in requested_runs(args, variants, commit, testbed_hash):
-        run, made_at = run_or_reuse(v, seed, args, engine, start, commit, testbed_hash)
+    for v, seed in requested_runs(args, variants, provenance.commit, testbed_hash):
+        run, made_at = run_or_reuse(v, seed, args, engine, start, provenance, testbed_hash)
         folder = Path(args.out_dir) / f"{v}-seed{seed}"
         shift = allocation_shift(folder) or run.get("allocation_shift")
         run = {**complete_series(run, folder), "allocation_shift": shift}
@@ -745,12 +748,12 @@ def markdown_table(rows: list[dict], pool_k: int) -> str:
     return format_markdown(shown, list(shown[0]) if shown else None, {**digits, "seeds": fixed(0)})
 
 
-def write_results(args: argparse.Namespace, commit: str | None, reused: dict[str, str], testbed: dict,
+def write_results(args: argparse.Namespace, provenance: Provenance, reused: dict[str, str], testbed: dict,
                   rows: list[dict], pool: dict, targets: dict[str, str], runs: list[dict], wall: float) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "command": " ".join(["python -m bench.train_compare", *sys.argv[1:]]), "commit": commit,
-        "reused_records": reused,
+        "command": " ".join(["python -m bench.train_compare", *sys.argv[1:]]), "commit": provenance.commit,
+        "dirty": provenance.dirty, "reused_records": reused,
         "testbed": {"hash": testbed["hash"], "identity": testbed["identity"], "spread": testbed.get("spread")},
         "budget": {"M": args.roots_M, "N": args.expansion_N, "G": 8, "steps": args.steps, "seeds": args.seeds,
                    "pool_k": args.pool_k, "tokens_per_step": args.tokens_per_step},
@@ -773,9 +776,9 @@ def main() -> None:
         return
     testbed = load_testbed(args.testbed)
     t0 = time.perf_counter()
-    commit = git_commit()
+    provenance = Provenance.now()  # once, before any run: a later edit does not relabel this run's records
     # a record is reused only on the same testbed policy: its settings carry the whole identity
-    runs, reused = make_runs(args, variants, commit, json.dumps(testbed["identity"], sort_keys=True))
+    runs, reused = make_runs(args, variants, provenance, json.dumps(testbed["identity"], sort_keys=True))
     if args.runs_only:
         print(f"{len(runs)} run records in {args.out_dir} ({time.perf_counter() - t0:.0f} s)")
         return
@@ -783,7 +786,7 @@ def main() -> None:
     rows, pool = summarise(runs, variants, args.pool_k, len(testbed["pool"]))
     targets = judge_tokens(rows, runs) if args.tokens_per_step is not None else judge(rows, pool, runs)
     print_comparison(rows, targets, args.pool_k)
-    write_results(args, commit, reused, testbed, rows, pool, targets, runs, time.perf_counter() - t0)
+    write_results(args, provenance, reused, testbed, rows, pool, targets, runs, time.perf_counter() - t0)
     plot(runs, variants, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 

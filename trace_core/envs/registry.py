@@ -25,7 +25,7 @@ from trace_core.retrieval import Retriever
 from trace_core.rollout.env import FixedTurnsConfig, Task
 
 TASK_FAMILIES = TASKS  # the families a data row can hold: ("math", "qa", "fc")
-__all__ = ["EnvFactory", "EnvsConfig", "example_to_task", "format_choices", "make_env_factory"]
+__all__ = ["EnvFactory", "EnvsConfig", "example_to_task", "family_env_factory", "format_choices", "make_env_factory"]
 _ADDED_KEYS = RESERVED_METADATA_KEYS  # the data's suite refuses a row whose metadata holds one
 
 
@@ -86,3 +86,19 @@ def make_env_factory(
     shared = SharedResources(retriever=retriever, sandbox=sandbox,
                              index_dir=None if index_dir is None else str(index_dir))
     return family.make_factory(settings, shared)
+
+
+def family_env_factory(task_family: str, config: Any = None, *, data_dir: str | Path,
+                       index_dir: str | Path | None = None, quiet: bool = True) -> EnvFactory:
+    """``task -> Environment`` for ``task_family`` as a run gets it: a family that reads a retriever
+    index reads the one at ``index_dir`` (else its settings' ``index_dir``), built first from the
+    family's corpus under ``data_dir`` when the folder holds none; other families ignore both.
+    The trainer, the evaluator and the warm start all build their environments here."""
+    family = get_family(task_family)
+    if family.index_corpus is None:
+        return make_env_factory(task_family, config)
+    from trace_core.retrieval import ensure_index
+
+    where = ensure_index(index_dir if index_dir is not None else family.settings(config).index_dir,
+                         Path(data_dir) / family.index_corpus, quiet=quiet)
+    return make_env_factory(task_family, config, index_dir=where)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from trace_core.envs.families import get_family
-from trace_core.envs.registry import example_to_task, make_env_factory
+from trace_core.envs.registry import example_to_task, family_env_factory
 from trace_core.evaluation.benchmarks import Benchmark, load_benchmarks
 from trace_core.evaluation.config import EvalConfig
 from trace_core.evaluation.greedy import GreedyOnce
@@ -196,12 +196,7 @@ def _env_factories(families: Sequence[str], config: EvalConfig,
     for name in families:
         if name in out:
             continue
-        family = get_family(name)
-        if family.index_corpus is not None:  # its settings name the index, built from its corpus if missing
-            from trace_core.retrieval import ensure_index
-
-            ensure_index(family.settings(config.envs).index_dir, Path(config.data_dir) / family.index_corpus)
-        out[name] = make_env_factory(name, config.envs)
+        out[name] = family_env_factory(name, config.envs, data_dir=config.data_dir)
     return out
 
 

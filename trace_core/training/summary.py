@@ -129,6 +129,14 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
+def contrastive_rollouts(yields: Sequence[float], rollouts: Sequence[float]) -> float:
+    """Rollouts with a nonzero own-node advantage, summed over steps, from each step's contrastive
+    yield (per 100 rollouts) and its rollout count; a step whose yield is undefined (NaN: it
+    trained on no tree) adds none. The one pooling of the yield: run summaries and the benchmarks
+    call it."""
+    return float(sum(y / 100 * n for y, n in zip(yields, rollouts, strict=True) if math.isfinite(y)))
+
+
 def run_figures(method: str, history: Mapping[str, Sequence[float]], pool_success: Sequence[Mapping[str, Any]] = (),
                 warmup: Mapping[str, Any] | None = None, pool_samples: int = 0) -> RunFigures:
     """The figures of one run from the trainer's per-step history (``history.json``), its pool
@@ -139,10 +147,8 @@ def run_figures(method: str, history: Mapping[str, Sequence[float]], pool_succes
     steps = len(history.get("effective_ratio", []))
     if "counts/contrastive_rollouts" in history:
         contrastive: int | None = total("counts/contrastive_rollouts")
-    elif "contrastive_yield" in history and "counts/rollouts" in history:  # the per-100 figure times its rollouts
-        contrastive = int(round(sum(y / 100 * n for y, n in zip(history["contrastive_yield"],
-                                                                history["counts/rollouts"], strict=True)
-                                    if math.isfinite(y))))
+    elif "contrastive_yield" in history and "counts/rollouts" in history:
+        contrastive = int(round(contrastive_rollouts(history["contrastive_yield"], history["counts/rollouts"])))
     else:
         contrastive = None
     wall = history.get("budget/rollout_wall_s", [])

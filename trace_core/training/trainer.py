@@ -90,7 +90,7 @@ def load_task_rows(cfg: TrainConfig) -> tuple[list[Task], Any, dict[str, str]]:
     ``task.family``: QA rows under ``task.family=math`` are refused, not trained on. A family that
     reads a retriever index gets it from ``task.index_dir``, built from its corpus if missing."""
     from trace_core.envs.families import get_family
-    from trace_core.envs.registry import make_env_factory
+    from trace_core.envs.registry import family_env_factory, make_env_factory
 
     t = cfg.task
     family = get_family(t.family)
@@ -103,13 +103,7 @@ def load_task_rows(cfg: TrainConfig) -> tuple[list[Task], Any, dict[str, str]]:
         raise ConfigError(f"task.train_file {path} does not exist (generate the embedded data with "
                           "`python -m trace_core.data.generate --out data`)")
     tasks, lines = read_task_rows(path, family=t.family)
-    retriever = None
-    if family.index_corpus is not None:
-        from trace_core.retrieval import RetrievalIndex, Retriever, ensure_index
-
-        index_dir = ensure_index(index_dir_of(cfg), Path(t.data_dir) / family.index_corpus)
-        retriever = Retriever(RetrievalIndex.load(index_dir))
-    factory = make_env_factory(t.family, t.envs, retriever=retriever)
+    factory = family_env_factory(t.family, t.envs, data_dir=t.data_dir, index_dir=index_dir_of(cfg))
     return tasks, factory, {task.id: f"{path} line {line}" for task, line in zip(tasks, lines, strict=True)}
 
 

@@ -177,21 +177,11 @@ def training_tasks(config: WarmStartConfig, family: str) -> list[Task]:
 
 
 def env_factory(family: str, data_dir: str | Path, qa_index: str | Path):
-    """The real environment factory of a family (a family that reads an index reads ``qa_index``,
-    which must exist)."""
-    from trace_core.envs.registry import make_env_factory
+    """The real environment factory of ``family`` for the warm start's demonstrations: a family that
+    reads an index reads ``qa_index`` (built from its corpus under ``data_dir`` if missing)."""
+    from trace_core.envs.registry import family_env_factory
 
-    return make_env_factory(family, index_dir=qa_index)
-
-
-def family_index(family: str, data_dir: str | Path, index_dir: str | Path) -> Path | None:
-    """The retriever index of ``family`` at ``index_dir`` when the task-family registry says it needs
-    one (built from the family's ``index_corpus`` under ``data_dir`` if missing); None otherwise."""
-    from trace_core.envs.families import get_family
-    from trace_core.retrieval import ensure_index
-
-    corpus = get_family(family).index_corpus
-    return None if corpus is None else ensure_index(index_dir, Path(data_dir) / corpus, quiet=False)
+    return family_env_factory(family, data_dir=data_dir, index_dir=qa_index, quiet=False)
 
 
 def build_testbed(config: WarmStartConfig, out: Path) -> list[Script]:
@@ -213,9 +203,9 @@ def build_testbed(config: WarmStartConfig, out: Path) -> list[Script]:
     write_split(rows, testbed.warmup, out / "warmup.jsonl")
     (out / "testbed.json").write_text(json.dumps({**testbed.to_json(), "warm_start_code": warm_start_code_digest()},
                                                  indent=1) + "\n")
-    index = family_index("qa", data, config.qa_index or out / "qa_index")  # the testbed is a QA pool
     tasks = load_tasks(out / "pool.jsonl", None) + load_tasks(out / "warmup.jsonl", None)
-    scripts = testbed_scripts(testbed, tasks, make_expert("qa", data), env_factory("qa", data, index))
+    factory = env_factory("qa", data, config.qa_index or out / "qa_index")  # the testbed is a QA pool
+    scripts = testbed_scripts(testbed, tasks, make_expert("qa", data), factory)
     print(f"testbed {testbed.hash}: {len(testbed.pool)} pool + {len(testbed.warmup)} warm-up questions, "
           f"{len(scripts)} demonstrations ({sum(not s.correct for s in scripts)} wrong)")
     return scripts
@@ -236,8 +226,7 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
             continue
         factory = None
         if config.real_observations:
-            index = family_index(family, data, config.qa_index or out / "qa_index")
-            factory = env_factory(family, data, index)
+            factory = env_factory(family, data, config.qa_index or out / "qa_index")
         scripts[family] = build_scripts(make_expert(family, data), training_tasks(config, family), config.demos,
                                         factory)
     passages = load_passages(data / "qa" / "corpus.jsonl") if "qa" in config.families else []
@@ -306,7 +295,7 @@ def evaluate_families(config: WarmStartConfig, policy_dir: str | Path) -> list[F
     data = Path(config.data_dir)
     results = []
     for family in config.families:
-        index = family_index(family, data, config.qa_index or Path(config.out_dir) / "qa_index")
+        index = config.qa_index or Path(config.out_dir) / "qa_index"
         if config.eval_split == "train" and family == "qa" and config.testbed is not None:
             tasks = load_tasks(Path(config.out_dir) / "pool.jsonl", config.eval_tasks)
         elif config.eval_split == "train":
