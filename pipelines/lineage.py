@@ -176,7 +176,7 @@ def _imports_of(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value.endswith(".py") and (path.parent / node.value).is_file():  # a sibling run by path
                 found.add(f"{package}.{node.value[:-3]}")
-            elif node.value.replace(".", "").replace("_", "").isalnum() and "." in node.value:
+            elif "." in node.value and all(part.isidentifier() for part in node.value.split(".")):
                 found.add(node.value)  # a module named in a string: ``python -m pkg.mod``, import_module
     if path.name == "__init__.py" and any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__"
                                           for n in tree.body):

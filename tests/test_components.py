@@ -78,7 +78,8 @@ def test_import_closure_follows_every_way_this_code_imports(tmp_path: Path, monk
         "clospkg/entry.py": "from . import near\n\ndef run():\n    from clospkg.sub import lazy\n"
                             "    import subprocess\n    subprocess.run(['python', '-m', 'clospkg.by_name'])\n"
                             "    return 'helper.py'\n",
-        "clospkg/near.py": "from clospkg.lazyload import Thing\n",
+        # a string that only starts like a module name (a prefix test) names no module
+        "clospkg/near.py": "from clospkg.lazyload import Thing\nOURS = 'clospkg.'\n",
         "clospkg/helper.py": "X = 1\n",  # run by path from entry
         "clospkg/by_name.py": "",
         "clospkg/sub/__init__.py": "",
