@@ -16,7 +16,7 @@ export DVC_NO_ANALYTICS := 1
 export MPLBACKEND := Agg
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test venv data lint system-deps ui faults bench-allocation bench-contrast clean-venv lock specs results trl-example help
+.PHONY: run test venv verl-venv data lint system-deps ui faults bench-allocation bench-contrast clean-venv lock specs results trl-example help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -25,10 +25,20 @@ venv: $(STAMP)  ## create .venv from the pinned set (torch first, then the lock,
 
 # requirements/install.sh says why the stages come in this order; it prints a line per stage and a
 # heartbeat while one runs.
-$(STAMP): requirements/lock.txt requirements/no-deps.txt requirements/install.sh pyproject.toml
+$(STAMP): requirements/lock.txt requirements/no-deps.txt requirements/install.sh requirements/stages.sh pyproject.toml
 	@echo "==> creating $(VENV) (first use; a few minutes) — log: $(VENV)/install.log"
 	@requirements/install.sh $(PYTHON) $(VENV) $(TORCH)
 	@touch $(STAMP)
+
+# verl pins an older transformers than ours: its adapter's tests run in an environment of its own.
+VERL_VENV := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+verl-venv: $(VERL_STAMP)  ## create .venv-verl: verl 0.9.1 with its own pins, and trace-rl without its dependencies
+
+$(VERL_STAMP): requirements/verl-lock.txt requirements/install-verl.sh requirements/stages.sh pyproject.toml
+	@echo "==> creating $(VERL_VENV) (verl's own environment; a few minutes) — log: $(VERL_VENV)/install.log"
+	@requirements/install-verl.sh $(PYTHON) $(VERL_VENV) $(TORCH)
+	@touch $(VERL_STAMP)
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .
@@ -62,7 +72,7 @@ system-deps:  ## what the tests need from the system: chromium + chromium-driver
 	  echo "or skip that one test with TRACE_RL_SKIP_BROWSER=1 make test"; exit 1; \
 	fi
 
-test: system-deps $(STAMP) data/MANIFEST.json  ## system deps, ruff, then every test (the command CI runs)
+test: system-deps $(STAMP) $(VERL_STAMP) data/MANIFEST.json  ## system deps, ruff, then every test (the command CI runs)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest --timeout=900 tests
 
@@ -93,5 +103,5 @@ specs: $(STAMP)  ## recompile the components into components/specs/ (the DAG is 
 lock: $(STAMP)  ## resolve requirements/base.in (beside $(TORCH)) into requirements/lock.txt; installs nothing
 	$(BIN)/python requirements/lock.py --torch $(TORCH)
 
-clean-venv:  ## remove the virtual environment
-	rm -rf $(VENV)
+clean-venv:  ## remove the virtual environments
+	rm -rf $(VENV) $(VERL_VENV)

@@ -14,27 +14,7 @@ mkdir -p "$VENV"
 : > "$LOG"
 START=$SECONDS
 
-stage() {  # stage <n> <total> <what> <command...>
-  local n=$1 total=$2 what=$3; shift 3
-  local t0=$SECONDS
-  echo "==> venv [$n/$total] $what" | tee -a "$LOG"
-  "$@" >> "$LOG" 2>&1 &
-  local pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-    if kill -0 "$pid" 2>/dev/null; then
-      local have
-      have=$(ls -d "$VENV"/lib/python*/site-packages/*.dist-info 2>/dev/null | wc -l)
-      echo "    ... $what: $((SECONDS - t0)) s, $have packages installed so far"
-    fi
-  done
-  if ! wait "$pid"; then
-    tail -30 "$LOG"
-    echo "venv stage '$what' failed; the full log is $LOG" >&2
-    exit 1
-  fi
-  echo "    done in $((SECONDS - t0)) s"
-}
+source "$(dirname "$0")/stages.sh"  # stage <n> <total> <what> <command...>
 
 if [ ! -x "$BIN/python" ]; then
   stage 1 7 "python -m venv ($PYTHON)" "$PYTHON" -m venv "$VENV"

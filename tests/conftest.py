@@ -26,6 +26,8 @@ import pytest  # noqa: E402
 from trace_core.models import TinyQwen3Config, build_tiny_qwen3  # noqa: E402
 from trace_core.rollout import EngineConfig  # noqa: E402
 
+# verl's adapter tests import verl, which lives in its own environment: test_integration_verl runs them there
+collect_ignore = ["verl_env"]
 BLOCK = 32
 DATA = Path(__file__).resolve().parents[1] / "data"  # the embedded default (`make data`)
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))

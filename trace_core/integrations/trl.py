@@ -59,12 +59,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trace_core.advantages import AdvantageEstimator, get_advantage_estimator, token_advantages, tree_advantages_batch
+from trace_core.advantages import AdvantageEstimator, get_advantage_estimator, tree_advantages_batch
 from trace_core.allocation import BudgetSpec
 from trace_core.costs import CostModel
 from trace_core.envs.families import get_family
 from trace_core.envs.registry import EnvsConfig, make_env_factory
 from trace_core.history import PromptHistory
+from trace_core.integrations.rows import TrajectoryRow, trajectory_rows
 from trace_core.methods import Method, get_method
 from trace_core.metrics import allocation_stats, anchor_allocation, step_metrics
 from trace_core.planner import RootPlan, StepPlanner
@@ -299,21 +300,6 @@ def sampling_mode(model: Any) -> Iterator[None]:
 
 # ============================================================================ one step's results
 @dataclass(frozen=True)
-class TrajectoryRow:
-    """One row of TRL's batch: one trajectory of one tree."""
-
-    tree: int  # index of its tree among the step's trees
-    trajectory: int  # its id in that tree
-    kind: str  # "bare" or "continuation"
-    branch_node: int  # the node it started from (the root for a bare rollout)
-    prompt_ids: list[int]  # the exact history it started from: the prompt, or its anchor's history
-    completion_ids: list[int]  # its own turns' tokens (model-written and observations)
-    tool_mask: list[int]  # per completion token: 1 model-written (trained on), 0 observation
-    advantages: np.ndarray  # float64 per completion token: its node's advantage, 0.0 on observations
-    reward: float  # the trajectory's reward
-
-
-@dataclass(frozen=True)
 class TraceStep:
     """What one TRACE step did (kept as ``TraceGRPOTrainer.last_step``)."""
 
@@ -325,23 +311,6 @@ class TraceStep:
     advantages: list[np.ndarray]  # per tree, per node: the advantage the rows carry
     rows: list[TrajectoryRow]  # one per trajectory, tree by tree
     metrics: dict[str, float]  # the step's figures, as logged (without the prefix)
-
-
-def trajectory_rows(trees: Sequence[RolloutTree], advantages: Sequence[np.ndarray]) -> list[TrajectoryRow]:
-    """One row per trajectory, tree by tree and in trajectory order (a tree's bare rollouts first)."""
-    rows = []
-    for t, (tree, adv) in enumerate(zip(trees, advantages, strict=True)):
-        per_token = token_advantages(tree, adv)  # the observation tokens masked
-        start = np.concatenate([[0], np.cumsum([len(n.token_ids) for n in tree.nodes])])
-        for traj in tree.trajectories:
-            ids, mask, values = [], [], []
-            for node in traj.nodes:
-                ids += tree.nodes[node].token_ids
-                mask += tree.nodes[node].loss_mask
-                values.append(per_token.advantage[start[node]:start[node + 1]])
-            rows.append(TrajectoryRow(t, traj.id, traj.kind, traj.branch_node, tree.history_tokens(traj.branch_node),
-                                      ids, mask, np.concatenate(values), tree.trajectory_reward(traj.id)))
-    return rows
 
 
 # ============================================================================ the trainer

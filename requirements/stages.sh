@@ -1,0 +1,26 @@
+# shellcheck shell=bash
+# One install stage: a progress line, the command's output into $LOG, a heartbeat at least every
+# 20 s while it runs, and the log's tail if it fails. Sourced by install.sh and install-verl.sh,
+# which set VENV and LOG.
+stage() {  # stage <n> <total> <what> <command...>
+  local n=$1 total=$2 what=$3; shift 3
+  local t0=$SECONDS
+  echo "==> venv [$n/$total] $what" | tee -a "$LOG"
+  "$@" >> "$LOG" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      local have
+      have=$(ls -d "$VENV"/lib/python*/site-packages/*.dist-info 2>/dev/null | wc -l)
+      echo "    ... $what: $((SECONDS - t0)) s, $have packages installed so far"
+    fi
+  done
+  if ! wait "$pid"; then
+    tail -30 "$LOG"
+    echo "venv stage '$what' failed; the full log is $LOG" >&2
+    exit 1
+  fi
+  echo "    done in $((SECONDS - t0)) s"
+}
+
