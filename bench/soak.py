@@ -1,12 +1,15 @@
 """Soak benchmark: does a long run stay flat? Step time, memory and bytes written per step over
-≥ 1,000 steps of the embedded configuration.
+≥ 1,000 training steps on the committed testbed.
 
 A run's state must not grow with its step count: what grows with history (the per-step figures,
 the root-outcome history, the token ledger, the tracking records) is appended or bounded by the
-pool, never rewritten whole each step. This benchmark trains the embedded configuration
-(``configs/embedded.yaml``: real vLLM, DeepSpeed ZeRO-2, a local MLflow store) with a checkpoint
-every step and small steps (:data:`SMALL_STEP`) for ``--steps`` steps and samples, at the same
-point of every step (once its trees are on disk, before its checkpoint):
+pool, never rewritten whole each step. This benchmark trains TRACE with the testbed's
+configuration (``configs/testbed.yaml``: real vLLM, DeepSpeed ZeRO-2, the QA environment with its
+retriever, a local MLflow store) on the committed testbed policy and pool
+(``bench/results/learning/testbed``: a policy with graded success, so steps have mixed groups,
+continuations and policy updates), with a checkpoint every step and small steps
+(:data:`SMALL_STEP`), for ``--steps`` steps, and samples, at the same point of every step (once
+its trees are on disk, before its checkpoint):
 
 - **step time**: wall seconds since the previous sample (so the previous step's checkpoint and
   logging are in it);
@@ -20,10 +23,7 @@ tenth's step time, RSS and bytes written per step within 10% of the first tenth'
 the same command resumes the run from its last checkpoint and appends to its samples; memory is
 then judged only where the first and last tenth were measured by one process.
 
-    .venv/bin/python -m bench.soak --policy runs/warm/policy [--steps 1000] [--out bench/results/soak.json]
-
-The policy is the embedded warm start (``python -m trace_core.warmstart --out runs/warm``, or the
-``warm_start`` folder of a ``make run`` workspace).
+    .venv/bin/python -m bench.soak [--steps 1000] [--out bench/results/soak.json]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ TOLERANCE = 0.10  # the last tenth within 10% of the first
 # turns) make a thousand of them fit in half an hour on two cores and make any per-step overhead
 # that grows with history (state written whole, records re-read) a larger share of a step.
 SMALL_STEP = ("budget.roots_M=4", "budget.expansion_N=1", "budget.group_size_G=4", "budget.max_per_prompt=4",
-              "budget.pool_factor=2", "agent.max_new_tokens=48")
+              "budget.pool_factor=2")
 SAMPLES_FILE = "soak_samples.jsonl"
 
 
@@ -164,7 +164,7 @@ def read_samples(path: Path) -> list[Sample]:
 
 
 def soak(args: argparse.Namespace) -> list[Sample]:
-    """Train ``args.steps`` steps of the embedded configuration (resuming a folder's run) and
+    """Train ``args.steps`` steps of the testbed's configuration (resuming a folder's run) and
     return every sample, those of earlier starts first."""
     from trace_core.config import load_config
     from trace_core.training.config import TrainConfig
@@ -176,8 +176,10 @@ def soak(args: argparse.Namespace) -> list[Sample]:
     earlier = read_samples(samples_file)
     process = (earlier[-1].process + 1) if earlier else 0
     cfg = load_config(TrainConfig, args.config, [
-        f"method={args.method}", f"steps={args.steps}", f"policy_model={args.policy}", f"output_dir={work / 'run'}",
-        f"task.data_dir={args.data}", "progress=false", "checkpoint_every=1",
+        f"method={args.method}", f"steps={args.steps}", f"policy_model={args.testbed}/policy",
+        f"output_dir={work / 'run'}", f"task.data_dir={args.data}", f"task.train_file={args.testbed}/pool.jsonl",
+        f"task.index_dir={args.testbed}/qa_index", f"predictor_warmup.task_file={args.testbed}/warmup.jsonl",
+        "progress=false", "checkpoint_every=1",
         f"tracking.tracking_uri=sqlite:///{(work / 'mlflow.db').resolve()}", "tracking.experiment=bench-soak",
         "pool_success.samples=0", *SMALL_STEP, *args.overrides])
     kept = {s.step for s in earlier}
@@ -213,7 +215,7 @@ def plot(samples: list[Sample], out: Path) -> None:
         ax.plot(steps, [getattr(s, key) for s in samples], lw=0.6)
         ax.set_xlabel("step")
         ax.set_title(label)
-    fig.suptitle("Soak: the embedded configuration, a checkpoint every step")
+    fig.suptitle("Soak: TRACE on the testbed, small steps, a checkpoint every step")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -224,8 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Targets: step time, RSS and bytes written per step in the last tenth "
                                         "within 10%% of the first tenth.")
-    ap.add_argument("--policy", default="runs/warm/policy", help="the embedded warm start's policy folder")
-    ap.add_argument("--config", default="configs/embedded.yaml")
+    ap.add_argument("--testbed", default="bench/results/learning/testbed",
+                    help="a testbed folder: policy/, pool.jsonl, warmup.jsonl, qa_index/")
+    ap.add_argument("--config", default="configs/testbed.yaml")
     ap.add_argument("--data", default="data", help="the generated data folder (make data)")
     ap.add_argument("--method", default="trace")
     ap.add_argument("--steps", type=int, default=1000)
@@ -239,9 +242,11 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.steps < 10:
         raise SystemExit(f"--steps must be >= 10 (a tenth of the run is at least one step), got {args.steps}")
-    if not (Path(args.policy) / "config.json").is_file():
-        raise SystemExit(f"--policy {args.policy}: no model there (config.json); make the embedded warm start "
-                         "with `python -m trace_core.warmstart --out runs/warm`")
+    missing = [name for name in ("policy/config.json", "pool.jsonl", "warmup.jsonl", "qa_index")
+               if not (Path(args.testbed) / name).exists()]
+    if missing:
+        raise SystemExit(f"--testbed {args.testbed}: {', '.join(missing)} missing (a testbed folder: "
+                         "bench/results/learning/testbed, or one `python -m bench.testbed` built)")
     provenance = Provenance.now()
     t0 = time.perf_counter()
     samples = soak(args)
@@ -253,7 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     write_json(args.out, {
         "command": " ".join(["python -m bench.soak", *(argv if argv is not None else sys.argv[1:])]),
         "commit": provenance.commit, "dirty": provenance.dirty,
-        "settings": {"config": args.config, "method": args.method, "steps": args.steps, "checkpoint_every": 1,
+        "settings": {"config": args.config, "testbed": args.testbed, "method": args.method, "steps": args.steps,
+                     "checkpoint_every": 1,
                      "small_step": list(SMALL_STEP), "overrides": args.overrides},
         "steps_measured": len(samples), "processes": len({s.process for s in samples}),
         "targets": targets, "samples": [asdict(s) for s in samples], "wall_s": time.perf_counter() - t0})

@@ -46,21 +46,17 @@ def test_memory_is_not_judged_across_a_restart() -> None:
     assert targets["wall_s"]["verdict"].startswith("PASS")
 
 
-def test_a_short_soak_samples_every_step_once_and_resumes(tiny_models, tmp_path) -> None:
-    """A real run (tiny policy, fixed-turns task, transformers engine, a checkpoint every step):
-    one sample per step, each with its memory, writes and checkpoint state; a rerun with more
-    steps resumes the run and appends the new steps' samples as a second process."""
+def test_a_short_soak_samples_every_step_once_and_resumes(tmp_path) -> None:
+    """A real run (the committed testbed, vLLM, a checkpoint every step; no predictor warm-up, to
+    keep it short): one sample per step, each with its memory, writes and checkpoint state; a
+    rerun with more steps resumes the run and appends the new steps' samples as a second process."""
     work, out = tmp_path / "work", tmp_path / "soak.json"
-    tiny = ["task.family=fixed-turns", "task.envs.fixed_turns.turns=2", "task.envs.fixed_turns.prompts=8",
-            "budget.roots_M=4", "budget.expansion_N=1", "budget.group_size_G=2", "budget.max_per_prompt=4",
-            "budget.pool_factor=1", "agent.max_new_tokens=6", "agent.max_total_tokens=512",
-            "engine.max_model_len=512", "engine.kind=hf", "policy.micro_batches=1", "predictor.tiny_hidden_size=32",
-            "predictor.tiny_intermediate_size=64"]
-    base = ["--policy", str(tiny_models[0]), "--work", str(work), "--out", str(out)]
-    soak.main([*base, "--steps", "10", *tiny])
+    quick = ["predictor_warmup.task_file=null"]
+    base = ["--work", str(work), "--out", str(out), "--data", str(REPO / "data")]
+    soak.main([*base, "--steps", "10", *quick])
     first = json.loads(out.read_text())
     assert [s["step"] for s in first["samples"]] == list(range(10))
-    assert first["processes"] == 1 and first["settings"]["overrides"] == tiny
+    assert first["processes"] == 1 and first["settings"]["overrides"] == quick
     rows = first["samples"]
     assert math.isnan(rows[0]["wall_s"]) and all(r["wall_s"] > 0 for r in rows[1:])
     assert all(r["rss_mib"] > 50 for r in rows) and all(r["written_mib"] > 0 for r in rows[1:])
@@ -68,8 +64,14 @@ def test_a_short_soak_samples_every_step_once_and_resumes(tiny_models, tmp_path)
     assert set(first["targets"]) == {"wall_s", "rss_mib", "written_mib", "state_kib"}
     assert out.with_suffix(".png").is_file()
 
-    soak.main([*base, "--steps", "12", *tiny])
+    soak.main([*base, "--steps", "12", *quick])
     second = json.loads(out.read_text())
     assert [s["step"] for s in second["samples"]] == list(range(12))
     assert [s["process"] for s in second["samples"]] == [0] * 10 + [1] * 2
     assert second["targets"]["rss_mib"]["verdict"].startswith("not judged")
+
+
+def test_a_testbed_folder_without_its_files_is_refused_by_name(tmp_path) -> None:
+    with pytest.raises(SystemExit, match=r"--testbed .*: policy/config.json, pool.jsonl, warmup.jsonl, qa_index "
+                                         r"missing"):
+        soak.main(["--testbed", str(tmp_path), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o.json")])

@@ -28,6 +28,11 @@ def test_ratios_are_pooled_as_counts_and_dropped_groups_cost_their_rollouts() ->
     assert older.rollouts_per_mixed_group == pytest.approx(124 / 4)  # a history from before the filter existed
     table = training_table([fig, older], {"dapo": 0.1, "grpo": 0.2}, "held-out pass@1 (%)")
     assert "| dapo | 0.667 [" in table and "| grpo |" in table
+    assert table.splitlines()[0].endswith("| predictor root Spearman (out of sample) |")
+    assert table.splitlines()[2].endswith("| – |")  # no step scored its roots out of sample
+    scored = run_figures("trace", {**history, "predictor/oos_spearman_root": [0.2, math.nan, 0.6]})
+    assert scored.predictor_spearman == pytest.approx(0.4)  # the steps where it is defined
+    assert training_table([scored]).splitlines()[2].endswith("| 0.40 |")
     assert fig.opened_per_step == 3 and fig.rollouts_per_opened_prompt == pytest.approx(124 / 6)
     reading = training_reading([older, fig])
     assert "- grpo: opened 3.0 prompts a step with 20.7 rollouts each; 67% of them showed both outcomes" in reading

@@ -48,6 +48,9 @@ class RunFigures:
     pool_samples: int  # samples per prompt behind the pool success
     contrastive_rollouts: int | None = None  # rollouts with a nonzero own-node advantage, over all steps
     rollout_s: float | None = None  # rollout phase wall time, over all steps (None: not logged every step)
+    # the predictor's Spearman between its root scores, made before the step's update, and the
+    # step's tree values (out of sample), mean over the steps where it is defined (NaN: none)
+    predictor_spearman: float = math.nan
 
     @property
     def effective_ratio(self) -> float:
@@ -167,6 +170,7 @@ def run_figures(method: str, history: Mapping[str, Sequence[float]], pool_succes
         warmup_rollouts=int((warmup or {}).get("rollouts", 0)),
         pool_success=tuple(sorted((int(r["step"]), float(r["success"])) for r in pool_success)),
         pool_samples=pool_samples, contrastive_rollouts=contrastive, rollout_s=rollout_s,
+        predictor_spearman=_mean(history.get("predictor/oos_spearman_root", [])),
     )
 
 
@@ -198,7 +202,7 @@ def training_table(runs: Sequence[RunFigures], held_out: Mapping[str, float] | N
             "mixed groups / rollout s [90% CI]", "prefix eff. ratio [90% CI]", "skipped share",
             "gen. tokens / step",
             f"pool success start → end (k={k})", held_out_label, "rollouts (+ warm-up)",
-            "prompts opened / step", "rollouts / opened prompt"]
+            "prompts opened / step", "rollouts / opened prompt", "predictor root Spearman (out of sample)"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in runs:
         held = (held_out or {}).get(r.method, math.nan)
@@ -212,7 +216,7 @@ def training_table(runs: Sequence[RunFigures], held_out: Mapping[str, float] | N
             f"{_num(100 * r.pool_success_start)}% → {_num(100 * r.pool_success_end)}%",
             _num(100 * held if math.isfinite(held) else math.nan),
             f"{r.rollouts} (+ {r.warmup_rollouts})",
-            _num(r.opened_per_step), _num(r.rollouts_per_opened_prompt),
+            _num(r.opened_per_step), _num(r.rollouts_per_opened_prompt), _num(r.predictor_spearman, 2),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
