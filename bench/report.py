@@ -328,6 +328,14 @@ def sandbox(record: Mapping[str, Any]) -> list[str]:
     return table(rows)
 
 
+def soak(record: Mapping[str, Any]) -> list[str]:
+    rows = [{"figure": t["label"], "first tenth": num(t["first_tenth"]), "last tenth": num(t["last_tenth"]),
+             "drift": "–" if t["drift"] is None or t["drift"] != t["drift"] else f"{100 * t['drift']:+.1f}%"}
+            for t in record["targets"].values()]
+    return [f"{record['steps_measured']} steps measured by {record['processes']} process(es).", "",
+            *table(rows), "", *verdict_lines({t["label"]: t["verdict"] for t in record["targets"].values()})]
+
+
 # ============================================================================ the page
 @dataclass(frozen=True)
 class Section:
@@ -406,6 +414,10 @@ SECTIONS: tuple[Section, ...] = (
             "Peak memory and distinct tokens a second of one forward and backward over a whole tree against "
             "per-path sequences (`python -m bench.tree_training`).", tree_training,
             "bench/results/tree_training.png"),
+    Section("A long run stays flat", "bench/results/soak.json",
+            "TRACE on the testbed for a thousand small steps with a checkpoint every step (`python -m "
+            "bench.soak`): the step time, the resident memory of the process tree and the bytes written per "
+            "step, each judged on its first and last tenth.", soak, "bench/results/soak.png"),
     Section("The sandbox's cost", "bench/results/sandbox.json",
             "What confining model-written code costs a tool call (`python -m bench.sandbox`).", sandbox),
 )

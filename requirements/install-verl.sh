@@ -7,12 +7,7 @@
 #   requirements/install-verl.sh <python> <venv> <torch requirement>
 set -uo pipefail
 PYTHON=$1 VENV=$2 TORCH=$3
-BIN=$VENV/bin
-LOG=$VENV/install.log
-mkdir -p "$VENV"
-: > "$LOG"
-START=$SECONDS
-source "$(dirname "$0")/stages.sh"
+source "$(dirname "$0")/stages.sh"  # BIN, LOG, START; stage <n> <total> <what> <command...>
 
 if [ ! -x "$BIN/python" ]; then
   stage 1 5 "python -m venv ($PYTHON)" "$PYTHON" -m venv "$VENV"

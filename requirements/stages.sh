@@ -1,7 +1,13 @@
 # shellcheck shell=bash
-# One install stage: a progress line, the command's output into $LOG, a heartbeat at least every
-# 20 s while it runs, and the log's tail if it fails. Sourced by install.sh and install-verl.sh,
-# which set VENV and LOG.
+# What install.sh and install-verl.sh share, sourced after they set VENV: BIN, the log (emptied),
+# the start time, and stage: one install stage, a progress line, the command's output into $LOG,
+# a heartbeat at least every 20 s while it runs, and the log's tail if it fails.
+BIN=$VENV/bin
+LOG=$VENV/install.log
+mkdir -p "$VENV"
+: > "$LOG"
+START=$SECONDS
+
 stage() {  # stage <n> <total> <what> <command...>
   local n=$1 total=$2 what=$3; shift 3
   local t0=$SECONDS

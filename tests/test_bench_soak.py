@@ -27,7 +27,7 @@ def _samples(n: int, grow: float = 0.0, restart_at: int | None = None) -> list[S
 
 
 def test_tenths_are_the_means_of_the_first_and_last_tenth_ignoring_undefined_values() -> None:
-    assert tenths([math.nan, 2.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 4.0, 6.0]) == (2.0, 6.0)
+    assert tenths([math.nan, 2.0, *[9.0] * 16, 4.0, 6.0]) == (2.0, 5.0)  # 20 values: tenths of two
     assert tenths([3.0]) == (3.0, 3.0)
 
 
