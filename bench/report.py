@@ -329,9 +329,11 @@ def sandbox(record: Mapping[str, Any]) -> list[str]:
 
 
 def soak(record: Mapping[str, Any]) -> list[str]:
-    rows = [{"figure": t["label"], "first tenth": num(t["first_tenth"]), "last tenth": num(t["last_tenth"]),
+    units = {"wall_s": "s", "rss_mib": "MiB", "written_mib": "MiB", "state_kib": "KiB"}
+    rows = [{"figure": f"{t['label']} ({units.get(key, '')})", "first tenth": num(t["first_tenth"]),
+             "last tenth": num(t["last_tenth"]),
              "drift": "–" if t["drift"] is None or t["drift"] != t["drift"] else f"{100 * t['drift']:+.1f}%"}
-            for t in record["targets"].values()]
+            for key, t in record["targets"].items()]
     return [f"{record['steps_measured']} steps measured by {record['processes']} process(es).", "",
             *table(rows), "", *verdict_lines({t["label"]: t["verdict"] for t in record["targets"].values()})]
 

@@ -209,9 +209,10 @@ def plot(samples: list[Sample], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     steps = np.array([s.step for s in samples])
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-    for ax, key, label in zip(axes, ("wall_s", "rss_mib", "written_mib"),
-                              ("step time (s)", "RSS, process tree (MiB)", "written per step (MiB)"), strict=True):
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
+    for ax, key, label in zip(axes, ("wall_s", "rss_mib", "written_mib", "state_kib"),
+                              ("step time (s)", "RSS, process tree (MiB)", "written per step (MiB)",
+                               "trainer_state.json (KiB)"), strict=True):
         ax.plot(steps, [getattr(s, key) for s in samples], lw=0.6)
         ax.set_xlabel("step")
         ax.set_title(label)

@@ -1,4 +1,5 @@
-"""The soak benchmark: its judge on samples made by hand, and a short real run that resumes."""
+"""The soak benchmark: its judge on samples made by hand, a short real run that resumes, and the
+committed record recomputed from its own samples."""
 
 from __future__ import annotations
 
@@ -75,3 +76,13 @@ def test_a_testbed_folder_without_its_files_is_refused_by_name(tmp_path) -> None
     with pytest.raises(SystemExit, match=r"--testbed .*: policy/config.json, pool.jsonl, warmup.jsonl, qa_index "
                                          r"missing"):
         soak.main(["--testbed", str(tmp_path), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o.json")])
+
+
+def test_the_committed_soak_record_holds_a_thousand_steps_and_its_targets_recompute() -> None:
+    path = REPO / "bench" / "results" / "soak.json"
+    assert path.is_file(), f"{path} is missing: run `python -m bench.soak` and commit its record"
+    record = json.loads(path.read_text())
+    samples = [Sample(**s) for s in record["samples"]]
+    assert len(samples) >= 1000 and [s.step for s in samples] == list(range(len(samples)))
+    recomputed = json.loads(json.dumps(judge(samples), default=float))
+    assert recomputed == json.loads(json.dumps(record["targets"], default=float))
