@@ -102,6 +102,13 @@ class WarmStartStepConfig:
     eval_tasks: int = 0  # warm-start self-evaluation per family (0: the evaluate step measures instead)
     synthetic_kbs: int | None = None  # QA demonstrations over this many other generated KBs (copying, not recall)
     seed: int = 0  # seeds demonstrations, weights and SFT order
+    # Fine-tuned policies kept by the inputs that made them (the starting model, the demonstrations,
+    # the SFT settings, torch's version: trace_core.warmstart.sft_cache), relative to the working
+    # directory: the tiny policy's SFT is most of the main job's time, and its inputs rarely change,
+    # so the repository ships the entry for its default inputs. A miss fine-tunes as usual; null:
+    # always fine-tune.
+    sft_cache: str | None = "warm_starts"
+    keep_sft: bool = False  # add a fresh SFT's policy to sft_cache (to refresh the shipped entry)
 
     def __post_init__(self) -> None:
         if not self.families:

@@ -331,3 +331,49 @@ def test_warm_start_task_selection_and_length_rules(tmp_path) -> None:
                              train_task_ids=("multi_turn_base_64",), view_sft=None)
     with pytest.raises(ValueError, match="over sft.max_length=1024"):
         run_warm_start(config)
+
+
+# ---------------------------------------------------------------------------------- the SFT cache
+def test_an_sft_is_reused_only_for_the_same_model_demonstrations_and_settings(policy_dir, demos, tmp_path) -> None:
+    """fine_tune keeps a fresh SFT's policy by its inputs' key; a second warm start with the same
+    starting model, demonstrations and settings copies it instead of fine-tuning; another learning
+    rate, another demonstration or another starting model is another key."""
+    from trace_core.warmstart.demos import write_demos
+    from trace_core.warmstart.pipeline import WarmStartConfig, fine_tune
+    from trace_core.warmstart.sft_cache import sft_key
+
+    train = demos["math"][:4]
+    sft_settings = SFTConfig(lr=1e-2, epochs=2, batch_size=4, warmup_steps=1, progress=False)
+    cache = tmp_path / "cache"
+
+    def warm_start(name: str, settings: SFTConfig, keep: bool, shown=train):
+        out = tmp_path / name
+        out.mkdir()
+        write_demos(out / "demos.jsonl", shown)
+        config = WarmStartConfig(data_dir=str(DATA), view_sft=None, sft=settings, sft_cache=str(cache), keep_sft=keep)
+        return out, fine_tune(config, Path(policy_dir), out, [], shown)
+
+    out1, (stages1, policy1, key1, reused1) = warm_start("first", sft_settings, keep=True)
+    assert not reused1 and (cache / key1 / "policy" / "sft_log.json").is_file()
+    assert json.loads((cache / key1 / "inputs.json").read_text())["sft"]["lr"] == 1e-2
+    out2, (stages2, policy2, key2, reused2) = warm_start("second", sft_settings, keep=False)
+    assert reused2 and key2 == key1 and policy2 == out2 / "policy"
+    for f in (policy1).iterdir():
+        assert (policy2 / f.name).read_bytes() == f.read_bytes()
+    assert [s[1].losses for s in stages2] == [s[1].losses for s in stages1]  # the log of the SFT that made it
+    _, (_, _, key3, reused3) = warm_start("other-lr", dataclasses.replace(sft_settings, lr=5e-3), keep=False)
+    assert not reused3 and key3 != key1
+    _, (_, _, key4, reused4) = warm_start("other-demos", sft_settings, keep=False, shown=train[:3])
+    assert not reused4 and key4 != key1
+    other_model = tmp_path / "other-model"
+    shutil.copytree(policy_dir, other_model)
+    (other_model / "config.json").write_text((other_model / "config.json").read_text().replace("\n", "\n ", 1))
+    assert sft_key(other_model, out1 / "demos.jsonl", [None, sft_settings]) != key1
+    assert sft_key(policy_dir, out1 / "demos.jsonl", [None, dataclasses.replace(sft_settings, progress=True)]) == key1
+
+
+def test_keeping_an_sft_needs_a_cache_folder() -> None:
+    from trace_core.warmstart.pipeline import WarmStartConfig
+
+    with pytest.raises(ValueError, match="keep_sft needs sft_cache"):
+        WarmStartConfig(keep_sft=True)

@@ -129,6 +129,7 @@ def sft_config(data_dir: str, index_dir: str, cfg: dict[str, Any], agent: dict[s
                     **given(lr=cfg["lr"], epochs=cfg["epochs"], batch_size=cfg["batch_size"])),
         eval=replace(base.eval, seed=cfg["seed"]),
         agent=from_dict(AgentConfig, agent), **given(synthetic_kbs=cfg["synthetic_kbs"]),
+        sft_cache=cfg.get("sft_cache"), keep_sft=bool(cfg.get("keep_sft", False)),
     )
 
 

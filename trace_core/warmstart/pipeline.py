@@ -39,7 +39,7 @@ from trace_core.warmstart.demos import (
 from trace_core.warmstart.evaluate import TABLE_HEADER, FamilySuccess, WarmStartEvalConfig, evaluate_policy
 from trace_core.warmstart.experts import Expert, FCExpert, MathExpert, QAExpert, Script, load_kb
 from trace_core.warmstart.policy import WARM_MODEL, build_policy, count_parameters, tokenizer_corpus
-from trace_core.warmstart.sft import SFTConfig, read_sft_log, sft
+from trace_core.warmstart.sft import SFTConfig, SFTLog, read_sft_log, sft
 from trace_core.warmstart.testbed import TestbedConfig
 from trace_core.warmstart.tools import PassageSearch, load_passages
 
@@ -106,6 +106,11 @@ class WarmStartConfig:
     # topics known, unknown or partial — over its pool and warm-up split instead of the first
     # train_tasks questions, with real observations; writes pool.jsonl, warmup.jsonl, testbed.json.
     testbed: TestbedConfig | None = None
+    # A folder of fine-tuned policies kept by the inputs that made them (trace_core.warmstart.sft_cache):
+    # a warm start whose starting model, demonstrations and SFT settings match an entry copies its
+    # policy instead of fine-tuning. None: always fine-tune.
+    sft_cache: str | None = None
+    keep_sft: bool = False  # add a fresh SFT's policy to sft_cache (which is then required)
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.families if f not in FAMILIES]
@@ -117,6 +122,8 @@ class WarmStartConfig:
             raise ValueError(f"eval_tasks must be >= 0, got {self.eval_tasks}")
         if self.eval_split not in ("test", "train"):
             raise ValueError(f"eval_split must be 'test' or 'train', got {self.eval_split!r}")
+        if self.keep_sft and self.sft_cache is None:
+            raise ValueError("keep_sft needs sft_cache: the folder to add the fine-tuned policy to")
         if self.testbed is not None and "qa" not in self.families:
             raise ValueError(f"testbed needs the qa family among families, got {self.families}")
         if self.synthetic_kbs < 0 or self.synthetic_questions < 1:
@@ -252,13 +259,7 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
     prep_seconds = time.perf_counter() - t0
     print(f"{len(demos)} demonstrations ({sum(len(d.token_ids) for d in demos)} tokens, {len(views)} turn views) "
           f"and a {len(tokenizer)}-token tokenizer in {prep_seconds:.1f} s")
-    stages = []
-    start_dir = init_dir
-    if config.view_sft is not None:
-        start_dir = sft(init_dir, views, config.view_sft, out_dir=out / "views")
-        stages.append(("views", read_sft_log(start_dir)))
-    policy_dir = sft(start_dir, demos, config.sft, out_dir=out / "policy")
-    stages.append(("full", read_sft_log(policy_dir)))
+    stages, policy_dir, key, reused = fine_tune(config, init_dir, out, views, demos)
     report: dict[str, Any] = {
         "config": asdict(config),
         "tokenizer_size": len(tokenizer),
@@ -272,6 +273,7 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
                        "processed_tokens": log.processed_tokens, "target_tokens": log.target_tokens}
                 for name, log in stages},
         "policy_dir": str(policy_dir),
+        "sft_cache": {"key": key, "reused": reused},
         "eval": {},
     }
     for name, log in stages:
@@ -287,6 +289,38 @@ def run_warm_start(config: WarmStartConfig) -> dict[str, Any]:
             print(r.row())
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     return report
+
+
+VIEWS_LOG = "views_sft_log.json"  # the turn-view stage's log in an SFT cache entry
+
+
+def fine_tune(config: WarmStartConfig, init_dir: Path, out: Path, views: list, demos: list
+              ) -> tuple[list[tuple[str, SFTLog]], Path, str, bool]:
+    """The SFT stages (turn views, then full demonstrations) from ``init_dir`` into ``out/policy``,
+    or their result from ``config.sft_cache`` when an entry was made from the same starting model,
+    demonstrations (``out/demos.jsonl``) and settings (:mod:`trace_core.warmstart.sft_cache`).
+    Returns each stage's log, the policy folder, the inputs' key and whether the cache served it."""
+    from trace_core.warmstart import sft_cache
+
+    key = sft_cache.sft_key(init_dir, out / "demos.jsonl", [config.view_sft, config.sft])
+    logs = [VIEWS_LOG] if config.view_sft is not None else []
+    if config.sft_cache is not None and sft_cache.restore(config.sft_cache, key, out, logs):
+        print(f"SFT: the policy fine-tuned from these inputs is in {config.sft_cache}/{key}; reused")
+        stages = [("views", SFTLog(**json.loads((out / VIEWS_LOG).read_text())))] if logs else []
+        return [*stages, ("full", read_sft_log(out / "policy"))], out / "policy", key, True
+    stages = []
+    start_dir = init_dir
+    if config.view_sft is not None:
+        start_dir = sft(init_dir, views, config.view_sft, out_dir=out / "views")
+        stages.append(("views", read_sft_log(start_dir)))
+    policy_dir = sft(start_dir, demos, config.sft, out_dir=out / "policy")
+    stages.append(("full", read_sft_log(policy_dir)))
+    if config.keep_sft:
+        sft_cache.keep(config.sft_cache, key, policy_dir,
+                       {VIEWS_LOG: start_dir / "sft_log.json"} if config.view_sft is not None else {},
+                       {"demonstrations": len(demos), "demo_tokens": sum(len(d.token_ids) for d in demos),
+                        "view_sft": config.view_sft, "sft": config.sft})
+    return stages, policy_dir, key, False
 
 
 def evaluate_families(config: WarmStartConfig, policy_dir: str | Path) -> list[FamilySuccess]:
