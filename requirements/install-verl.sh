@@ -9,11 +9,7 @@ set -uo pipefail
 PYTHON=$1 VENV=$2 TORCH=$3
 source "$(dirname "$0")/stages.sh"  # BIN, LOG, START; stage <n> <total> <what> <command...>
 
-if [ ! -x "$BIN/python" ]; then
-  stage 1 5 "python -m venv ($PYTHON)" "$PYTHON" -m venv "$VENV"
-else
-  echo "==> verl venv [1/5] $VENV/bin/python exists"
-fi
+new_venv 5 "$PYTHON"  # stage 1: python -m venv, unless it exists
 stage 2 5 "pip 26.3, setuptools, wheel" "$BIN/pip" install -q pip==26.3 setuptools==78.1.1 wheel
 stage 3 5 "$TORCH (the CPU wheel)" "$BIN/pip" install -q "$TORCH"
 stage 4 5 "verl and its pins ($(grep -c '==' requirements/verl-lock.txt) packages)" \

@@ -11,11 +11,7 @@ PYTHON=$1 VENV=$2 TORCH=$3
 
 source "$(dirname "$0")/stages.sh"  # BIN, LOG, START; stage <n> <total> <what> <command...>
 
-if [ ! -x "$BIN/python" ]; then
-  stage 1 7 "python -m venv ($PYTHON)" "$PYTHON" -m venv "$VENV"
-else
-  echo "==> venv [1/7] $VENV/bin/python exists"
-fi
+new_venv 7 "$PYTHON"  # stage 1: python -m venv, unless it exists
 stage 2 7 "pip 26.3" "$BIN/pip" install -q pip==26.3
 stage 3 7 "$TORCH (the CPU wheel)" "$BIN/pip" install -q "$TORCH"
 stage 4 7 "setuptools, wheel" "$BIN/pip" install -q setuptools==78.1.1 wheel

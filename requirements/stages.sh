@@ -30,3 +30,11 @@ stage() {  # stage <n> <total> <what> <command...>
   echo "    done in $((SECONDS - t0)) s"
 }
 
+
+new_venv() {  # new_venv <total> <python>: stage 1, the virtual environment (kept when it exists)
+  if [ ! -x "$BIN/python" ]; then
+    stage 1 "$1" "python -m venv ($2)" "$2" -m venv "$VENV"
+  else
+    echo "==> venv [1/$1] $BIN/python exists"
+  fi
+}
