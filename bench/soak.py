@@ -226,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Targets: step time, RSS and bytes written per step in the last tenth "
-                                        "within 10%% of the first tenth.")
+                                        "within 10% of the first tenth.\n\nExample:\n"
+                                        "  python -m bench.soak --steps 1000   # resumes when rerun")
     ap.add_argument("--testbed", default="bench/results/learning/testbed",
                     help="a testbed folder: policy/, pool.jsonl, warmup.jsonl, qa_index/")
     ap.add_argument("--config", default="configs/testbed.yaml")
