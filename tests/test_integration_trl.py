@@ -4,7 +4,8 @@ Nothing of TRL or of trace_core is mocked: TRL's own data loader hands the step 
 the executor rolls out with TRL's model, and TRL's loss and optimizer train on the rows. The task
 is the synthetic fixed-turns family (every episode three turns with an observation after each
 non-final one, coin-flip rewards on the text), so a random policy's trees hold anchors,
-observation tokens and both outcomes."""
+observation tokens and both outcomes. The worked example (examples/trl_trace.py) is run as a user
+runs it, on the committed testbed's fitted QA policy with the retriever tool."""
 
 from __future__ import annotations
 
@@ -246,26 +247,53 @@ def test_train_updates_the_policy_and_the_predictor_and_resumes(tiny_models, dat
     assert os.path.isdir(out / "checkpoint-2")
 
 
-def test_the_example_trains_both_side_by_side_and_logs_to_mlflow(tmp_path):
-    """examples/trl_trace.py as a user runs it: both trainers' figures printed, both runs in MLflow."""
+# the example's table: a run's name, the step (or "mean"), the effective ratio, mixed groups per 1k tokens
+TABLE_ROW = re.compile(r"^(?P<run>\S.*?)\s+(?P<step>\d+|mean)\s+(?P<ratio>\S+)\s+(?P<per_1k>\S+)$")
+
+
+def test_the_example_trains_the_testbed_policy_both_side_by_side_and_logs_to_mlflow(tmp_path):
+    """examples/trl_trace.py as a user runs it, on the committed testbed's fitted policy: both
+    trainers' per-step figures printed (and in figures.json), each a ratio in [0, 1], the plug-in's
+    multi-turn rollouts reaching mixed groups, both runs in MLflow, the committed policy unchanged."""
+    import hashlib
     import subprocess
     import sys
 
     from mlflow.tracking import MlflowClient
 
     repo = Path(__file__).resolve().parents[1]
+    committed = repo / "bench/results/learning/testbed/policy"
+    digest = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in committed.iterdir()}
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    steps = 2
     # as from a shell: without the launcher variables an in-process distributed test may have set
     launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in launcher_vars}
-    out = subprocess.run([sys.executable, "examples/trl_trace.py", "--out", str(tmp_path / "runs"), "--steps", "1",
-                          "--mlflow-uri", uri], capture_output=True, text=True, cwd=repo, env=env, timeout=900)
+    out = subprocess.run([sys.executable, "examples/trl_trace.py", "--out", str(tmp_path / "runs"),
+                          "--steps", str(steps), "--mlflow-uri", uri],
+                         capture_output=True, text=True, cwd=repo, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    means = [re.search(r"\smean\s+(\S+)\s+(\S+)$", line) for line in out.stdout.splitlines()]
-    means = [m for m in means if m]
-    assert len(means) == 2, out.stdout  # one mean line per trainer
-    for m in means:
-        ratio, per_1k = float(m.group(1)), float(m.group(2))
-        assert 0.0 <= ratio <= 1.0 and per_1k >= 0.0
+
+    figures = json.loads((tmp_path / "runs" / "figures.json").read_text())
+    assert list(figures) == ["plain TRL GRPO", "TRACE (trace)"], figures
+    printed: dict[tuple[str, str], tuple[float, float]] = {}
+    for line in out.stdout.splitlines():
+        m = TABLE_ROW.match(line)
+        if m and m["run"] in figures:
+            printed[(m["run"], m["step"])] = (float(m["ratio"]), float(m["per_1k"]))
+    for run, per_step in figures.items():
+        assert len(per_step) == steps, (run, per_step)  # one logged figure per optimizer step
+        for i, f in enumerate(per_step, start=1):
+            ratio, per_1k = f["effective_ratio"], f["mixed_per_1k_tokens"]
+            assert ratio is not None and 0.0 <= ratio <= 1.0, (run, i, f)
+            assert per_1k is not None and per_1k >= 0.0, (run, i, f)
+            assert printed[(run, str(i))] == pytest.approx((ratio, per_1k), abs=5e-4), (run, i, out.stdout)
+        assert (run, "mean") in printed, out.stdout
+    # the testbed's policy succeeds on some questions and fails on others: with the retriever in the
+    # loop the plug-in's steps hold groups with both outcomes (all-zero or all-one rewards give none)
+    assert any(f["effective_ratio"] > 0.0 for f in figures["TRACE (trace)"]), figures
+
     runs = MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()])
     assert len(runs) == 2
+    # both trainers trained a copy: the committed policy is as it was
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in committed.iterdir()} == digest
