@@ -338,6 +338,17 @@ def soak(record: Mapping[str, Any]) -> list[str]:
             *table(rows), "", *verdict_lines({t["label"]: t["verdict"] for t in record["targets"].values()})]
 
 
+def main_job(record: Mapping[str, Any]) -> list[str]:
+    machine = record["machine"]
+    rows = [{"task": t["task"], "seconds": num(t["seconds"], 0), "status": t["status"]} for t in record["tasks"]]
+    rows.append({"task": "whole run", "seconds": num(record["wall_s"], 0), "status": ""})
+    return [f"On {machine['cpus']} CPU cores and {machine['memory_gib']} GiB; methods "
+            f"{', '.join(record['methods'])}; peak memory of the process tree "
+            f"{num(record['peak_rss_mib'] / 1024, 1)} GiB.", "", *table(rows), "",
+            *verdict_lines({t["label"]: t["verdict"] for t in record["targets"].values()}), "",
+            "What the run printed:", "", record["table"]]
+
+
 # ============================================================================ the page
 @dataclass(frozen=True)
 class Section:
@@ -352,6 +363,14 @@ class Section:
 
 
 SECTIONS: tuple[Section, ...] = (
+    Section("The main job's cost", "bench/results/main_job.json",
+            "What `make run` runs, on a fresh workspace and MLflow store (`python -m bench.main_job`): each "
+            "task's wall time from the pipeline's log, the whole run's, and the peak memory of the process "
+            "tree, beside the comparison table the run printed.", main_job, "bench/results/main_job.png"),
+    Section("The pipeline on the pretrained policy", "bench/results/main_job-smollm2.json",
+            "The same measurement of the whole pipeline on SmolLM2-135M-Instruct "
+            "(`configs/pipeline-smollm2.yaml`), judged against the main job's targets.", main_job,
+            "bench/results/main_job-smollm2.png"),
     Section("The pretrained policy at its warm start", "bench/results/real_policy.json",
             "SmolLM2-135M-Instruct after its warm start on the chained-arithmetic task "
             "(`python -m bench.real_policy`): how its successes out of k spread over the pool, and its "
