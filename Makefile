@@ -91,7 +91,7 @@ bench-allocation: $(STAMP)  ## allocators vs the DP / brute force
 bench-contrast: $(STAMP)  ## effective ratios of every method on the simulator
 	$(BIN)/python -m bench.contrast
 
-trl-example: $(STAMP)  ## TRACE inside TRL's GRPOTrainer beside plain TRL on the testbed's fitted QA policy, a few steps on the CPU (examples/trl_trace.py)
+trl-example: $(STAMP)  ## TRACE beside GRPO, both inside TRL's GRPOTrainer with multi-turn tool rollouts, on the testbed's fitted QA policy, a few steps on the CPU (examples/trl_trace.py)
 	$(BIN)/python examples/trl_trace.py
 
 results: $(STAMP)  ## rebuild docs/results.md from the committed bench/results records

@@ -1,4 +1,4 @@
-"""Plain TRL GRPO beside TRACE-in-TRL, on the embedded testbed's fitted policy, on the CPU.
+"""GRPO beside TRACE, both inside TRL's GRPOTrainer, on the embedded testbed's fitted policy, on the CPU.
 
 Both runs start from a copy of the testbed's policy (``bench/results/learning/testbed/policy``: a
 tiny Qwen3 fine-tuned on multi-hop QA demonstrations, right on some topics and wrong on others)
@@ -12,25 +12,33 @@ Each run prints per step
   (the groups GRPO learns from);
 - **mixed groups per 1k tokens**: those groups per 1,000 generated tokens (what a mixed group costs).
 
-Plain TRL is ``trl.GRPOTrainer`` as its users run it: G single-turn completions per prompt, scored
-by the QA environment as a one-turn episode. Its prompt is the one the plug-in's rollouts start
-from (system turn with the tool's schema, the question, the assistant header), and its figures
-are read from TRL's own logs (``frac_reward_zero_std``, ``completions/mean_length``). The plug-in
-is ``trace_core.integrations.trl.TraceGRPOTrainer``: the planner's roots, multi-turn rollouts
-that call the retriever, continuations from anchors, tree advantages; its figures are its logged
-``trace/effective_ratio`` and ``trace/contrast/mixed_per_1k_tokens``.
+Both runs are ``trace_core.integrations.trl.TraceGRPOTrainer`` (a ``trl.GRPOTrainer`` subclass)
+and see the same multi-turn tool episodes: the agent searches, reads the passages the environment
+returns and answers, and the environment scores the episode. They differ only in allocation
+(which prompts get how many rollouts, and whether continuations branch off them) and in the
+advantage that reads the result:
 
-What a few steps of each show on this fitted policy. Its first turn is a search (every question
-takes two or three hops), and past the ``</tool_call>`` where the agent stops a turn it writes
-text it was never trained on; so each of plain TRL's single-turn completions is a search call
-with no answer, scored 0, every group is uniform, the effective ratio is 0 and GRPO's update has
-nothing to push. The plug-in's rollouts run the search, read the passages and answer, succeed
-on some questions and fail on others, so its steps hold mixed groups (an effective ratio above
-0: at the defaults, on two CPU cores, 0.5, 0.5 and 0 over the three steps, each step opening two
-of its four candidates) whose tree advantages the update reads. A few steps are the contrast
-each trainer gets per step, not a learning curve (that is ``bench/learning.py``'s). The plug-in's
-predictor starts cold (TraceGRPOTrainer has no warm-up seam) and learns from each step's trees.
-The three default steps of both runs take about a minute on two CPU cores.
+- **GRPO** (method ``grpo``, pool_factor 1): TRL's own step with multi-turn rollouts. TRL's
+  ``num_generations`` is G, its sampler hands each step M(1+N)/G = 2 prompts, each gets G = 4
+  rollouts, no continuations, and the advantages are TRL's own group advantages (the plug-in's
+  tests check that they equal what ``GRPOTrainer`` computes from the same rewards);
+- **TRACE** (``--method``, ``trace`` by default): the predictor scores a candidate pool of
+  2·M(1+N)/G = 4 prompts, the planner spends the M = 4 roots on them, M·N = 4 continuations start
+  from the anchors' token histories, and the advantages are the tree's.
+
+The baseline is not single-turn GRPO (TRL generating one completion per sample, scored as a one-turn
+episode): this policy's first turn is always a ``search`` call, so a single-turn completion never
+reaches an answer, every reward is 0, every group is uniform and plain single-turn GRPO would
+score nothing (an effective ratio of 0 at every step, a comparison that says nothing). Both runs'
+figures are read the same way, from the plug-in's logged ``trace/effective_ratio`` and
+``trace/contrast/mixed_per_1k_tokens``.
+
+What a few steps show at the defaults (three steps, seed 0): the GRPO run's effective ratio is 0,
+0.5 and 0 (its two prompts a step are mostly all-right or all-wrong), TRACE's 0.5, 0.5 and 0. A
+few steps are the contrast each trainer gets per step, not a learning curve (that is
+``bench/learning.py``'s). The plug-in's predictor starts cold (TraceGRPOTrainer has no warm-up
+seam) and learns from each step's trees; the GRPO run's roots do not read it. The three default
+steps of both runs take about a minute and a half on two CPU cores.
 
     python examples/trl_trace.py --steps 3
     python examples/trl_trace.py --steps 3 --mlflow-uri sqlite:///mlruns-trl.db   # both runs into MLflow
@@ -46,7 +54,7 @@ import math
 import os
 import shutil
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +62,7 @@ import numpy as np
 
 # what a run's table reads from a logged record: the plug-in's own figures
 TRACE_RATIO, TRACE_PER_1K = "trace/effective_ratio", "trace/contrast/mixed_per_1k_tokens"
+GRPO_RUN = "GRPO (TRL's GRPOTrainer, multi-turn tool rollouts)"  # the baseline's name in the table
 FIGURES_FILE = "figures.json"  # in --out: each run's per-step figures, as printed
 # what a testbed folder holds (bench.testbed or `python -m trace_core.warmstart --testbed` writes it)
 TESTBED_FILES = ("policy/config.json", "pool.jsonl", "qa_index")
@@ -83,10 +92,13 @@ class StepFigures:
 def parse_args(argv: list[str] | None = None) -> ExampleSettings:
     parser = argparse.ArgumentParser(
         description="Train the embedded testbed's fitted tiny policy (multi-hop QA with a retriever tool) for a few "
-                    "steps with plain TRL GRPOTrainer (single-turn completions) and with TRACE's TraceGRPOTrainer "
-                    "(multi-turn tool rollouts) side by side on the CPU, each from a copy of the policy; print each "
-                    "run's effective ratio (share of groups with both outcomes) and mixed groups per 1k generated "
-                    "tokens per step.",
+                    "steps with GRPO and with TRACE side by side on the CPU, each from a copy of the policy, both "
+                    "inside TRL's GRPOTrainer (TraceGRPOTrainer with method grpo, then --method) on the same "
+                    "multi-turn tool episodes and M(1+N) = 8 rollouts a step, so they differ only in allocation; "
+                    "print each run's effective ratio (share of groups with both outcomes) and mixed groups per 1k "
+                    "generated tokens per step. The GRPO baseline runs multi-turn because the policy's first turn "
+                    "is always a search: a single-turn completion never reaches an answer, so plain single-turn "
+                    "GRPO would score nothing.",
         epilog="example: python examples/trl_trace.py --steps 3 --mlflow-uri sqlite:///mlruns-trl.db",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/trl_trace"),
@@ -165,69 +177,24 @@ def use_mlflow(uri: str | None) -> None:
         os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", "trl-trace-example")
 
 
-# ============================================================================ plain TRL
-def one_turn_reward(env_factory: Any) -> Any:
-    """TRL's reward function: the family's environment scores each completion as a one-turn episode."""
-    from trace_core.integrations.trl import TASK_COLUMN
-    from trace_core.rollout.env import Episode, Task, parse_action
-
-    def environment_one_turn(completions: list[Any], **columns: Any) -> list[float]:
-        rewards = []
-        for completion, task_json in zip(completions, columns[TASK_COLUMN], strict=True):
-            text = completion if isinstance(completion, str) else completion[-1]["content"]
-            task = Task(**json.loads(task_json))
-            env = env_factory(task)
-            env.reset(task)
-            action = parse_action(text)
-            rewards.append(float(env.reward(Episode(task, [action], [env.step(action)]))))
-        return rewards
-
-    return environment_one_turn
+# ============================================================================ the two runs
+def grpo_config(trace: Any) -> Any:
+    """The baseline's settings: the plug-in's with method ``grpo`` (uniform roots, no
+    continuations, TRL's own group advantage) and pool_factor 1, so that TRL's
+    ``num_generations`` is G as in a plain GRPOTrainer run: each step TRL's sampler hands
+    M(1+N)/G = 2 prompts and each gets G = 4 multi-turn rollouts, M(1+N) = 8 in all, TRACE's budget."""
+    return replace(trace, method="grpo", budget=replace(trace.budget, pool_factor=1))
 
 
-def run_plain_trl(s: ExampleSettings, policy: Path, trace: Any, dataset: Any, lr: float) -> list[StepFigures]:
-    """Plain GRPOTrainer: M(1+N)/G prompts × G single-turn completions a step, each at most one
-    agent turn's tokens, from the prompt the plug-in's rollouts start from (the tool's schema
-    included: without it the fitted policy would read a prompt it never saw)."""
-    from transformers import AutoTokenizer
-    from trl import GRPOTrainer
-
-    from trace_core.envs.registry import make_env_factory
-    from trace_core.integrations.trl import task_of_row
-
-    spec = trace.spec()
-    env_factory = make_env_factory(trace.task_family, trace.envs)
-    tokenizer = AutoTokenizer.from_pretrained(str(policy))
-
-    def rendered(row: dict[str, Any]) -> dict[str, str]:
-        task = task_of_row(row)
-        messages = [{"role": "system", "content": trace.agent.system_prompt},
-                    {"role": "user", "content": task.question}]
-        tools = env_factory(task).tool_descriptions() or None
-        return {"prompt": tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                        tokenize=False)}
-
-    args = grpo_args(s, "plain-trl", spec.group_size_G, spec.total, trace.agent.max_new_tokens, lr)
-    trainer = GRPOTrainer(str(policy), reward_funcs=[one_turn_reward(env_factory)], args=args,
-                          train_dataset=dataset.map(rendered), processing_class=tokenizer)
-    trainer.train()
-    groups, rows = spec.total // spec.group_size_G, spec.total
-    figures = []
-    for rec in trainer.state.log_history:
-        if "frac_reward_zero_std" in rec:
-            mixed = (1.0 - rec["frac_reward_zero_std"]) * groups  # binary rewards: nonzero std = both outcomes
-            tokens = rec["completions/mean_length"] * rows
-            figures.append(StepFigures(mixed / groups, 1000.0 * mixed / tokens if tokens else float("nan")))
-    return figures
-
-
-# ============================================================================ TRACE in TRL
-def run_trace(s: ExampleSettings, policy: Path, trace: Any, dataset: Any, lr: float) -> list[StepFigures]:
-    """TraceGRPOTrainer: the planner's pool, roots and continuations, tree advantages."""
+def run_plugin(s: ExampleSettings, name: str, policy: Path, trace: Any, dataset: Any, lr: float) -> list[StepFigures]:
+    """TraceGRPOTrainer with ``trace``'s method: the planner's pool and roots (and, for TRACE, the
+    continuations from anchors), multi-turn rollouts that call the retriever, the method's
+    advantages; its figures are its logged ``trace/effective_ratio`` and
+    ``trace/contrast/mixed_per_1k_tokens``."""
     from trace_core.integrations.trl import TraceGRPOTrainer
 
     spec = trace.spec()
-    args = grpo_args(s, f"trace-{s.method}", spec.group_size_G // spec.pool_factor, spec.total,
+    args = grpo_args(s, name, spec.group_size_G // spec.pool_factor, spec.total,
                      trace.agent.max_new_tokens * trace.agent.max_turns, lr)
     trainer = TraceGRPOTrainer(str(policy), trace, args, dataset)
     trainer.train()
@@ -243,13 +210,14 @@ def _number(value: float | None) -> float:
 # ============================================================================ report
 def report(runs: dict[str, list[StepFigures]]) -> str:
     """Per step and on average, each run's effective ratio and mixed groups per 1k tokens."""
-    lines = [f"{'run':<16}{'step':>5}{'effective ratio':>18}{'mixed / 1k tokens':>20}"]
+    w = max(len("run"), *(len(name) for name in runs)) + 2
+    lines = [f"{'run':<{w}}{'step':>5}{'effective ratio':>18}{'mixed / 1k tokens':>20}"]
     for name, figures in runs.items():
         for i, f in enumerate(figures, start=1):
-            lines.append(f"{name:<16}{i:>5}{f.effective_ratio:>18.3f}{f.mixed_per_1k_tokens:>20.3f}")
+            lines.append(f"{name:<{w}}{i:>5}{f.effective_ratio:>18.3f}{f.mixed_per_1k_tokens:>20.3f}")
         ratio = np.nanmean([f.effective_ratio for f in figures]) if figures else float("nan")
         per_1k = np.nanmean([f.mixed_per_1k_tokens for f in figures]) if figures else float("nan")
-        lines.append(f"{name:<16}{'mean':>5}{ratio:>18.3f}{per_1k:>20.3f}")
+        lines.append(f"{name:<{w}}{'mean':>5}{ratio:>18.3f}{per_1k:>20.3f}")
     return "\n".join(lines)
 
 
@@ -278,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     trace = trace_config(s, cfg)
     dataset = task_dataset(read_tasks(Path(cfg.task.train_file), family=cfg.task.family))
     lr = cfg.policy.lr  # the step size the testbed's own training runs take from this policy
-    runs = {"plain TRL GRPO": run_plain_trl(s, policy, trace, dataset, lr),
-            f"TRACE ({s.method})": run_trace(s, policy, trace, dataset, lr)}
+    runs = {GRPO_RUN: run_plugin(s, "grpo", policy, grpo_config(trace), dataset, lr),
+            f"TRACE ({s.method})": run_plugin(s, f"trace-{s.method}", policy, trace, dataset, lr)}
     print(report(runs))
     write_figures(s.out / FIGURES_FILE, runs)
     if s.mlflow_uri:
