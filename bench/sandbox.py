@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trace_core.envs.sandbox import _UNSHARE_FLAGS, PythonSandbox, PythonToolSession, SandboxConfig
+from trace_core.envs.sandbox import PythonSandbox, PythonToolSession, SandboxConfig
+from trace_core.envs.sandbox.confinement import _UNSHARE_FLAGS
 
 
 def stats(samples: list[tuple[float, float]]) -> dict:

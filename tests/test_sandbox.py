@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 # down to it.
 _VENV = os.path.realpath(sys.prefix)
 CELL_TMP = sorted({"w", *([_VENV.split("/")[2]] if _VENV.startswith("/tmp/") else [])})
-SANDBOX_SOURCES = sorted((REPO / "trace_core" / "envs").glob("*sandbox*.py"))
+SANDBOX_SOURCES = sorted((REPO / "trace_core" / "envs" / "sandbox").glob("*.py"))
 ESCAPE_PATHS = [
     f"/etc/escape-{TOKEN}",
     f"/tmp/escape-{TOKEN}",
@@ -786,7 +786,7 @@ def test_large_job_is_fed_without_blocking(sandbox):
 
 
 def test_init_alarm_stops_the_cell_if_the_host_does_not(hostile, monkeypatch):
-    import trace_core.envs.sandbox as sandbox_module
+    import trace_core.envs.sandbox.python_sandbox as sandbox_module
 
     # the init's backstop alarm (start-up's allowance, the cell's 2 s and its grace, counted from the
     # init's start) brought to 1 s, before the host's own deadline
@@ -798,7 +798,7 @@ def test_init_alarm_stops_the_cell_if_the_host_does_not(hostile, monkeypatch):
 
 def _slow_runner(tmp_path, seconds: float) -> str:
     """The real runner with `seconds` of sleep before its ready line: a start-up as slow as a loaded host's."""
-    import trace_core.envs.sandbox as sandbox_module
+    import trace_core.envs.sandbox.python_sandbox as sandbox_module
 
     source = Path(sandbox_module._RUNNER).read_text()
     anchor = "    random.seed(job[\"seed\"])\n"
@@ -813,7 +813,7 @@ def _slow_runner(tmp_path, seconds: float) -> str:
 def test_a_slow_start_up_counts_against_no_cell(canary_env, monkeypatch, tmp_path, fault):
     """On a loaded host start-up takes seconds; before the ready line it counted against the cell's
     wall clock, and a 2 s cell that needs no time at all timed out."""
-    import trace_core.envs.sandbox as sandbox_module
+    import trace_core.envs.sandbox.python_sandbox as sandbox_module
 
     monkeypatch.setattr(sandbox_module, "_RUNNER", _slow_runner(tmp_path, 3.0))
     result = PythonSandbox(TIGHT, verify=False).run("print(6 * 7)")
@@ -827,7 +827,7 @@ def test_a_slow_start_up_counts_against_no_cell(canary_env, monkeypatch, tmp_pat
 def test_a_start_up_past_its_allowance_is_stopped_before_any_code(canary_env, monkeypatch, tmp_path, fault):
     import dataclasses
 
-    import trace_core.envs.sandbox as sandbox_module
+    import trace_core.envs.sandbox.python_sandbox as sandbox_module
 
     monkeypatch.setattr(sandbox_module, "_RUNNER", _slow_runner(tmp_path, 30.0))
     config = dataclasses.replace(TIGHT, startup_seconds=1.0)

@@ -1,6 +1,6 @@
 """PID 1 of one sandbox: prepares the mount namespace as root, then runs the cell runner unprivileged.
 
-Started by `trace_core.envs.sandbox` as
+Started by `trace_core.envs.sandbox.python_sandbox` as
 
     env -i unshare --net --pid --mount --ipc --uts --fork --mount-proc --kill-child \
         <python> -I -S _sandbox_init.py <spec-json>

@@ -10,7 +10,7 @@ over); after each cell one JSON line goes there for the host's bookkeeping: {"ki
 "error", "memory_error", "wall_seconds", "cpu_seconds"}. The code runs in this process and can write
 fd 3 too, so the host believes none of it: it times the cells by its own clock as it reads the
 lines, bounds the CPU figures by the init's measurement, and voids a call whose lines are not
-exactly these records, in order (see "Accounting" in `trace_core.envs.sandbox`).
+exactly these records, in order (see "Accounting" in `trace_core.envs.sandbox.reports`).
 
 Stdlib only at start-up; `random` is seeded so replayed cells draw the same numbers.
 """
