@@ -377,3 +377,33 @@ def test_keeping_an_sft_needs_a_cache_folder() -> None:
 
     with pytest.raises(ValueError, match="keep_sft needs sft_cache"):
         WarmStartConfig(keep_sft=True)
+
+
+def test_the_copy_friendly_init_is_the_same_bytes_whatever_the_thread_count(tmp_path, policy_dir):
+    """The same seed must give the same starting weights on a busy machine and an idle one: the SFT
+    cache keys a fine-tuned policy by them. MKL's QR rounds by its thread count (which it lowers
+    under load); the basis is drawn on one thread, so the count outside does not matter."""
+    import shutil
+
+    import torch
+
+    from trace_core.warmstart.policy import WARM_MODEL, copy_friendly_init, orthonormal_basis
+
+    # the shapes of the main job's policy, where the multi-threaded QR differed
+    bases = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            gen = torch.Generator().manual_seed(1)
+            bases.append([orthonormal_basis(WARM_MODEL.hidden_size, WARM_MODEL.head_dim, gen) for _ in range(4)])
+            copy = shutil.copytree(policy_dir, tmp_path / f"threads{threads}")
+            copy_friendly_init(copy, seed=0)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*bases, strict=True))
+    basis = bases[0][0]
+    assert basis.dtype == torch.float32 and basis.shape == (WARM_MODEL.hidden_size, WARM_MODEL.head_dim)
+    assert torch.allclose(basis.T @ basis, torch.eye(WARM_MODEL.head_dim), atol=1e-5)
+    assert (tmp_path / "threads1" / "model.safetensors").read_bytes() == \
+        (tmp_path / "threads2" / "model.safetensors").read_bytes()

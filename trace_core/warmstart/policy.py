@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trace_core.data.schema import Passage
 from trace_core.models import TinyQwen3Config, build_tiny_qwen3, train_tokenizer
@@ -27,6 +27,9 @@ from trace_core.rollout.env import Task
 from trace_core.warmstart.demos import ToolSchemas, tools_of
 from trace_core.warmstart.experts import Script
 from trace_core.warmstart.tools import format_passages
+
+if TYPE_CHECKING:
+    import torch
 
 # Large enough to learn the turn format and to copy names and numbers, small enough for a few
 # CPU minutes of SFT (~0.9M parameters, ~0.5M of them embeddings).
@@ -137,11 +140,30 @@ def copy_friendly_init(model_dir: str | Path, seed: int = 0, dtype: str = "float
             attn = layer.self_attn
             for kv in range(cfg.num_key_value_heads):
                 rows = slice(kv * cfg.head_dim, (kv + 1) * cfg.head_dim)
-                basis = torch.linalg.qr(torch.randn(cfg.hidden_size, cfg.head_dim, generator=gen))[0]  # H x d
+                basis = orthonormal_basis(cfg.hidden_size, cfg.head_dim, gen)  # H x d
                 attn.v_proj.weight[rows].copy_(basis.T)
                 head = kv * group  # the first query head reading this KV group
                 attn.o_proj.weight[:, head * cfg.head_dim : (head + 1) * cfg.head_dim].copy_(basis)
     model.to(getattr(torch, dtype)).save_pretrained(model_dir)
+
+
+def orthonormal_basis(rows: int, cols: int, gen) -> torch.Tensor:
+    """An orthonormal ``rows × cols`` basis (float32) from the seeded Gaussian draw ``gen`` gives.
+
+    LAPACK's QR (MKL in torch's CPU build) rounds differently with the number of threads it runs
+    on, and MKL lowers that number when the machine is busy, so one seed gave different weights
+    from one run to the next — and a fine-tuned policy kept by its starting weights
+    (:mod:`trace_core.warmstart.sft_cache`) was missed. One thread, in float64, rounded to float32
+    at the end, makes the basis a function of the seed alone."""
+    import torch
+
+    draw = torch.randn(rows, cols, generator=gen)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return torch.linalg.qr(draw.double())[0].float()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def count_parameters(model_dir: str | Path) -> dict[str, int]:
