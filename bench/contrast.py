@@ -73,6 +73,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.harness import save_figure
+
 DEFAULT_NOISE_STD = 2.0  # trace_core.sim.DEFAULT_NOISE_STD (checked in main; the library loads after --help)
 
 # (label, method, predictor kind) — the order of the main table
@@ -844,9 +846,7 @@ def plot(payload: dict, grid: ResultGrid, args: argparse.Namespace, path: Path) 
     plot_k_by_position(axes[1, 1], grid, args)
     plot_mixed_group_price(axes[2, 0], grid, args)
     plot_persistent_curves(axes[2, 1], grid, args)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

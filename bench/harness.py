@@ -90,6 +90,15 @@ def claim_run_folder(out: Path, commit: str | None, settings: dict) -> None:
         started.write_text(json.dumps({"commit": commit, "settings": settings}))
 
 
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """Lay out ``fig``, write it to ``path`` and free it (a benchmark draws one figure per record)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def verdict(holds: bool, figure: str = "") -> str:
     """A target's verdict as the tables write it: ``PASS`` or ``MISS``, then the figure judged."""
     return ("PASS" if holds else "MISS") + (f" {figure}" if figure else "")

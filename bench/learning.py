@@ -58,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import VARIANTS, Provenance, SharedEngine, claim_run_folder, write_json
+from bench.harness import VARIANTS, Provenance, SharedEngine, claim_run_folder, save_figure, write_json
 from bench.learning_table import RECORD_FORMAT, START_FORMAT, build_table, curve, in_se
 
 # The policy trains on the CPU; DeepSpeed reads this when the trainer loads it. Not a package
@@ -362,9 +362,7 @@ def plot(runs: list[dict], start: dict, path: Path) -> None:
         axes[row, 0].set(xlabel="cumulative training rollouts", ylabel="pool success", title=f"per rollout ({warm})")
         axes[row, 1].set(xlabel="cumulative generated tokens", title=f"per generated token ({warm})")
     axes[0, 1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def log_to_mlflow(uri: str, table: Path, figure: Path, runs: list[dict], start: dict) -> str:

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from bench.harness import Provenance, verdict, write_json
+from bench.harness import Provenance, save_figure, verdict, write_json
 
 WALL_TARGET_S = 20 * 60  # the main job's budget on a two-core machine
 MEMORY_TARGET_MIB = 12 * 1024  # and its memory
@@ -144,9 +144,7 @@ def plot(tasks: list[TaskTime], title: str, out: Path) -> None:
     ax.barh(names, [t.seconds for t in tasks][::-1], color="#4c72b0")
     ax.set_xlabel("seconds")
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def build_parser() -> argparse.ArgumentParser:

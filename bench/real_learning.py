@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import Provenance, claim_run_folder, write_json
+from bench.harness import Provenance, claim_run_folder, save_figure, write_json
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the policy trains on the CPU (DeepSpeed reads this)
 
@@ -236,9 +236,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set(xlabel="cumulative training rollouts", ylabel="held-out pass@1",
            title="the real policy on held-out questions")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -76,7 +76,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import verdict
+from bench.harness import save_figure, verdict
 from trace_core.methods import get_method
 from trace_core.models import TinyQwen3Config, build_tiny_qwen3, builtin_corpus
 from trace_core.rollout.agent import AgentConfig, render_prompt
@@ -580,9 +580,7 @@ def plot(result: dict, path: Path) -> None:
     axes[2].set_ylabel("wall s per tree batch (bar: best, dots: runs)")
     axes[2].set_title("Long tail: expansion schedule")
     axes[2].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def print_throughput(tp: dict, cfg: BenchConfig) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import Provenance, verdict, write_json
+from bench.harness import Provenance, save_figure, verdict, write_json
 
 TOLERANCE = 0.10  # the last tenth within 10% of the first
 # A soak tests what grows with the step count, not learning: small steps (8 trajectories of short
@@ -217,9 +217,7 @@ def plot(samples: list[Sample], out: Path) -> None:
         ax.set_xlabel("step")
         ax.set_title(label)
     fig.suptitle("Soak: TRACE on the testbed, small steps, a checkpoint every step")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def build_parser() -> argparse.ArgumentParser:
