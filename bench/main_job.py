@@ -17,6 +17,10 @@ Measured:
   second;
 - the **comparison table** the run printed, so the record shows what the time bought.
 
+The tasks run with torch's own thread count, as under ``make run``: the one BLAS/OpenMP thread the
+benchmark package sets by default is taken out of their environment (a thread count the caller
+set stays).
+
 Targets (the main job's): the whole run within 20 minutes and 12 GiB on the machine it ran on. A
 configuration that is not the main job (``--config configs/pipeline-smollm2.yaml``) is measured and
 judged against the same targets; a MISS there says how far the real policy is from them.
@@ -39,6 +43,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from bench import THREAD_VARIABLES, THREADS_DEFAULTED
 from bench.harness import Provenance, save_figure, verdict, write_json
 
 WALL_TARGET_S = 20 * 60  # the main job's budget on a two-core machine
@@ -177,6 +182,10 @@ def main(argv: list[str] | None = None) -> None:
     provenance = Provenance.now()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    # Every task runs in a process of its own, started from this environment: as `make run` starts
+    # them, with torch's own thread count, not the one thread the benchmark package defaults to.
+    for name in THREADS_DEFAULTED:
+        os.environ.pop(name, None)
     t0 = time.perf_counter()
     with PeakMemory() as memory:
         result = run_local(cfg)
@@ -198,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         "config": args.config, "overrides": args.overrides, "methods": list(cfg.methods),
         "machine": {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PHYS_PAGES")
                                                                 * os.sysconf("SC_PAGE_SIZE") / 2**30, 1)},
+        "thread_variables": {name: os.environ.get(name) for name in THREAD_VARIABLES},  # None: torch's own
         "wall_s": wall, "peak_rss_mib": memory.peak_mib, "tasks": [asdict(t) for t in tasks],
         "table": result.table, "targets": targets,
     })
