@@ -140,7 +140,12 @@ def run_one(args: argparse.Namespace, settings: dict, provenance: Provenance, st
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    from trace_core.warmstart.sft import native_bf16
 
+    if args.dtype == "bfloat16" and not native_bf16():
+        print("warning: --dtype bfloat16 on a CPU without native bfloat16: every policy update takes a "
+              "fallback path far slower than float32; --dtype float32 is the faster choice here",
+              file=sys.stderr, flush=True)
     identity = policy_identity(Path(args.warm))
     start = shared_start(identity, Path(args.start))
     if start["samples"] != args.heldout_k:
@@ -256,7 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-m", type=int, default=8, help="M_max")
     run.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
                      help="the policy update's precision (DeepSpeed bf16: bfloat16 weights and activations, "
-                          "float32 master weights in the optimizer); bfloat16 makes the CPU update cheaper")
+                          "float32 master weights in the optimizer); bfloat16 makes the update cheaper on a CPU "
+                          "that computes it natively, and far slower on one that does not (AVX2 only: choose "
+                          "float32 there; the run warns)")
     run.add_argument("--heldout-k", type=int, default=4, help="samples per held-out question (the start's k)")
     run.add_argument("--measurements", type=int, default=1, help="held-out measurements after the start, evenly "
                      "spaced (each costs k rollouts of every held-out question)")

@@ -281,6 +281,23 @@ def test_tied_sft_trains_one_embedding_and_saves_it_untied(policy_dir, demos, tm
     assert not torch.equal(embed, before.model.embed_tokens.weight)  # and it did train
 
 
+def test_autocast_auto_is_bfloat16_only_where_the_cpu_computes_it_natively(policy_dir, demos, tmp_path) -> None:
+    """On a CPU without native bfloat16 (AVX2 only) autocast falls back to a path far slower than
+    float32; "auto" then trains in float32, and the log says which ran."""
+    from trace_core.warmstart.sft import native_bf16
+
+    assert SFTConfig(autocast="bfloat16").uses_bf16() and not SFTConfig(autocast=None).uses_bf16()
+    assert SFTConfig(autocast="auto").uses_bf16() == native_bf16()
+    with pytest.raises(ValueError, match="autocast must be None, 'bfloat16' or 'auto'"):
+        SFTConfig(autocast="float16")
+    out = sft(policy_dir, demos["qa"][:4], SFTConfig(lr=1e-3, epochs=1, batch_size=4, warmup_steps=1,
+                                                     progress=False, autocast="auto"), out_dir=tmp_path / "auto")
+    assert read_sft_log(out).bf16 == native_bf16()
+    out = sft(policy_dir, demos["qa"][:4], SFTConfig(lr=1e-3, epochs=1, batch_size=4, warmup_steps=1,
+                                                     progress=False, autocast="bfloat16"), out_dir=tmp_path / "bf16")
+    assert read_sft_log(out).bf16
+
+
 def test_synthetic_knowledge_bases_give_new_names_and_valid_scripts() -> None:
     from trace_core.warmstart.pipeline import synthetic_qa_scripts
 

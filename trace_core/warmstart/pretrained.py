@@ -30,10 +30,11 @@ from trace_core.data.chains import ChainConfig, generate
 from trace_core.rollout.agent import AgentConfig
 from trace_core.warmstart.sft import SFTConfig
 
-# Measured on a 2-core CPU: bf16 autocast makes a step of 8 demonstrations ~2.5x cheaper; a
-# pretrained model needs a small learning rate (5e-5) where the tiny random ones take 3e-3.
+# Measured on a 2-core CPU with native bfloat16: autocast makes a step of 8 demonstrations ~2.5x
+# cheaper; on an AVX2-only CPU it is far slower than float32, hence "auto". A pretrained model
+# needs a small learning rate (5e-5) where the tiny random ones take 3e-3.
 PRETRAINED_SFT = SFTConfig(lr=5e-5, epochs=2.0, batch_size=8, warmup_steps=5, min_lr_ratio=0.1,
-                           autocast="bfloat16", max_length=1024)
+                           autocast="auto", max_length=1024)
 # A depth-3 chain is four turns: three calls and the answer; one spare turn.
 PRETRAINED_AGENT = AgentConfig(max_turns=5, max_new_tokens=160, max_total_tokens=2048)
 TASK_FILES = ("warm", "pool", "heldout")

@@ -66,7 +66,10 @@ class SFTConfig:
     threads: int | None = None  # torch intra-op threads; None keeps torch's setting
     progress: bool = True  # show a tqdm progress bar
     # Forward and backward under bfloat16 autocast ("bfloat16"), weights and optimizer state kept in
-    # float32: ~2.5x faster for a pretrained 135M model on CPU; None trains in float32 throughout.
+    # float32: ~2.5x faster for a pretrained 135M model on a CPU that computes bfloat16 natively,
+    # and tens of times slower on one that does not (AVX2 only), where autocast falls back to a
+    # reference path. "auto": bfloat16 where the CPU computes it natively (native_bf16), else
+    # float32. None trains in float32 throughout.
     autocast: str | None = None
 
     def __post_init__(self) -> None:
@@ -87,8 +90,23 @@ class SFTConfig:
             raise ValueError("weight_decay and grad_clip must be >= 0")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
-        if self.autocast not in (None, "bfloat16"):
-            raise ValueError(f"autocast must be None or 'bfloat16', got {self.autocast!r}")
+        if self.autocast not in (None, "bfloat16", "auto"):
+            raise ValueError(f"autocast must be None, 'bfloat16' or 'auto', got {self.autocast!r}")
+
+    def uses_bf16(self) -> bool:
+        """Whether the forward and backward run under bfloat16 autocast on this machine."""
+        return self.autocast == "bfloat16" or (self.autocast == "auto" and native_bf16())
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matrix products natively (oneDNN's own test: AVX-512 with
+    its bfloat16 support, or AMX). False where torch cannot tell."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -211,6 +229,7 @@ class SFTLog:
     losses: list[float]  # per optimizer step
     wall_seconds: float
     cpu_seconds: float  # process CPU time (all threads)
+    bf16: bool = False  # ran under bfloat16 autocast (SFTConfig.autocast as resolved on this machine)
 
 
 def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTConfig = SFTConfig(),
@@ -246,8 +265,10 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
     bar = tqdm(total=total, desc="sft", unit="step", disable=not config.progress)
     step = 0
     last_line = t0
+    bf16 = config.uses_bf16()
     if not config.progress:  # no bar (a pipeline step): say what starts, then a line every PROGRESS_LINE_S
-        print(f"progress: SFT: {total} steps of {config.batch_size} on {len(demos)} demonstrations", flush=True)
+        print(f"progress: SFT: {total} steps of {config.batch_size} on {len(demos)} demonstrations"
+              f"{' under bfloat16 autocast' if bf16 else ''}", flush=True)
     while step < total:
         for idx in batch_order(demos, config.batch_size, rng):
             if step >= total:
@@ -255,7 +276,7 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
             batch = collate([demos[i] for i in idx], config.max_length, pad_id, config.share_prefix)
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, total, config)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast == "bfloat16"):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 loss = masked_lm_loss(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -275,7 +296,7 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
                       f"~{elapsed / step * (total - step):.0f} s left", flush=True)
     bar.close()
     log = SFTLog(asdict(config), step, len(demos), targets, processed, losses,
-                 time.perf_counter() - t0, time.process_time() - c0)
+                 time.perf_counter() - t0, time.process_time() - c0, bf16)
     model.eval()
     if config.tie_embeddings:  # untie again: equal rows, separate tensors
         model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
