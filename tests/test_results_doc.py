@@ -21,7 +21,16 @@ def test_the_committed_page_is_what_the_records_render():
 
 def test_every_section_names_records_that_exist():
     for section in report.SECTIONS:
-        assert (ROOT / section.records).is_file(), section.records
+        assert (ROOT / section.records).is_file() or section.pending, section.records
+
+
+def test_a_section_waiting_for_its_record_names_the_command_that_writes_it(tmp_path):
+    waiting = [s for s in report.SECTIONS if s.pending]
+    assert waiting  # the SmolLM2 pipeline's, until its record is committed
+    for section in waiting:
+        lines = report.render_section(section, tmp_path)  # no record under tmp_path
+        assert lines[0] == f"## {section.title}"
+        assert any(section.pending in line and section.records in line for line in lines)
 
 
 def test_a_changed_record_changes_the_page(tmp_path):
