@@ -18,8 +18,10 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 # What a benchmark writes, never what it runs: left out of the dirty check.
@@ -88,6 +90,26 @@ def claim_run_folder(out: Path, commit: str | None, settings: dict) -> None:
         shutil.rmtree(out, ignore_errors=True)  # another run's folder: start over
         out.mkdir(parents=True)
         started.write_text(json.dumps({"commit": commit, "settings": settings}))
+
+
+def process_tree_sum(read: Callable[[Any], float]) -> float:
+    """``read(process)`` summed over this process and all its children (psutil processes): their
+    resident memory, their bytes written. A child that ends between the listing and the read adds
+    nothing."""
+    import psutil
+
+    me = psutil.Process(os.getpid())
+    try:
+        procs = [me, *me.children(recursive=True)]
+    except psutil.Error:
+        procs = [me]
+    total = 0.0
+    for p in procs:
+        try:
+            total += read(p)
+        except (psutil.Error, AttributeError):
+            continue
+    return total
 
 
 def save_figure(fig, path: Path, dpi: int = 110) -> None:

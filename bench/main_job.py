@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from bench import THREAD_VARIABLES, THREADS_DEFAULTED
-from bench.harness import Provenance, save_figure, verdict, write_json
+from bench.harness import Provenance, process_tree_sum, save_figure, verdict, write_json
 
 WALL_TARGET_S = 20 * 60  # the main job's budget on a two-core machine
 MEMORY_TARGET_MIB = 12 * 1024  # and its memory
@@ -109,21 +109,9 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        import psutil
-
-        me = psutil.Process(os.getpid())
         while not self._stop.wait(self.every_s):
-            total = 0
-            try:
-                procs = [me, *me.children(recursive=True)]
-            except psutil.Error:
-                procs = [me]
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    continue  # a child that ended between the listing and the read
-            self.peak_mib = max(self.peak_mib, total / 2**20)
+            rss = process_tree_sum(lambda p: p.memory_info().rss)
+            self.peak_mib = max(self.peak_mib, rss / 2**20)
 
     def __enter__(self) -> PeakMemory:
         self._thread.start()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import Provenance, save_figure, verdict, write_json
+from bench.harness import Provenance, process_tree_sum, save_figure, verdict, write_json
 
 TOLERANCE = 0.10  # the last tenth within 10% of the first
 # A soak tests what grows with the step count, not learning: small steps (8 trajectories of short
@@ -108,39 +107,15 @@ class Meter:
     """Samples this process tree's time, memory and writes at each call of :meth:`sample`."""
 
     def __init__(self, process: int, checkpoints: Path) -> None:
-        import psutil
-
-        self.me = psutil.Process(os.getpid())
         self.process = process
         self.checkpoints = checkpoints
         self.last_t: float | None = None
         self.last_written: float | None = None
 
-    def _tree(self) -> list:
-        import psutil
-
-        procs = [self.me]
-        try:
-            procs += self.me.children(recursive=True)
-        except psutil.Error:
-            pass
-        return procs
-
-    def _sum(self, read) -> float:
-        import psutil
-
-        total = 0.0
-        for p in self._tree():
-            try:
-                total += read(p)
-            except (psutil.Error, AttributeError):
-                continue  # a child that ended between the listing and the read
-        return total
-
     def sample(self, step: int) -> Sample:
         now = time.perf_counter()
-        written = self._sum(lambda p: p.io_counters().write_chars) / 2**20
-        rss = self._sum(lambda p: p.memory_info().rss) / 2**20
+        written = process_tree_sum(lambda p: p.io_counters().write_chars) / 2**20
+        rss = process_tree_sum(lambda p: p.memory_info().rss) / 2**20
         state = self._state_kib()
         s = Sample(step=step, process=self.process,
                    wall_s=float("nan") if self.last_t is None else now - self.last_t, rss_mib=rss,
