@@ -34,7 +34,8 @@ VARIANTS = {"grpo": ("grpo", False), "pcl": ("pcl", True), "treepo": ("treepo", 
             "dapo-capped": ("dapo-capped", False),
             "trace-posterior": ("trace-posterior", True),
             "trace-posterior-thompson": ("trace-posterior-thompson", True),
-            "vip": ("vip", True), "trace-tokens": ("trace-tokens", True)}
+            "vip": ("vip", True), "trace-tokens": ("trace-tokens", True),
+            "knapsack-rl": ("knapsack-rl", False), "arpo": ("arpo", False)}
 
 
 def git_commit() -> str | None:

@@ -322,7 +322,7 @@ def build_table(runs: Sequence[Mapping[str, Any]], start: Mapping[str, Any], tru
         "heldout": {m: heldout_row(methods[m], start) for m in order},
         "differences": {f"{m}-grpo": difference(methods[m], grpo, start, equal) for m in order if m != "grpo"},
     }
-    for m in ("dapo", "greso", "pcl", "treepo", "vip", "trace-posterior-thompson"):
+    for m in ("dapo", "greso", "pcl", "treepo", "vip", "trace-posterior-thompson", "knapsack-rl", "arpo"):
         if m in methods and "trace" in methods:
             table["differences"][f"trace-{m}"] = difference(methods["trace"], methods[m], start, equal)
     if "trace" in methods:
