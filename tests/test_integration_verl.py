@@ -22,5 +22,5 @@ def test_the_verl_adapter_passes_its_tests_against_the_real_verl() -> None:
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     summary = re.search(r"(\d+) passed", out)
-    assert summary and int(summary.group(1)) >= 9, out[-3000:]
+    assert summary and int(summary.group(1)) >= 17, out[-3000:]
     assert not re.search(r"\d+ (skipped|xfailed|deselected)", out), out[-3000:]

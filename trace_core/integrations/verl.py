@@ -21,9 +21,12 @@ Three seams carry TRACE through it:
 
 :func:`data_proto` builds verl's batch (``DataProto``) from a step's trees — the rows of
 :mod:`trace_core.integrations.rows`: a continuation's prompt is its anchor's exact token history.
-What needs verl's Ray workers and a GPU (continuations through the agent-loop manager class,
-``actor_rollout_ref.rollout.agent.agent_loop_manager_class``) is not built here; docs/integration.md
-says what is and is not.
+Continuations inside verl's own rollout (the agent-loop manager class,
+``actor_rollout_ref.rollout.agent.agent_loop_manager_class``) are
+:mod:`trace_core.integrations.verl_rollout`'s: its rows keep verl's layout (the prompt, then the
+whole response, the anchor's history masked), which :class:`TreeRowId`'s ``offset`` describes, and
+verl's legacy trainer hands the estimator its own string uids, which :func:`issue_row_ids` maps
+back to the rows' trees.
 
 verl is imported inside the functions that need it: importing this module needs only numpy.
 """
@@ -52,6 +55,10 @@ class TreeRowId:
     key: str  # unique within a step: the tree's prompt id, or the caller's uid of the prompt
     tree: RolloutTree
     trajectory: int
+    # response tokens before the trajectory's own: 0 for a row whose prompt is its branch point's
+    # history (data_proto's rows); for a continuation row in verl's layout (the task's prompt, then
+    # the whole response) the length of its anchor's history after the prompt, masked 0 in the row
+    offset: int = 0
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TreeRowId) and (self.key, self.trajectory) == (other.key, other.trajectory)
@@ -87,13 +94,49 @@ def _with_rewards(tree: RolloutTree, rewards: dict[int, float]) -> RolloutTree:
     return copy
 
 
+# The rows the agent-loop manager of trace_core.integrations.verl_rollout handed verl's trainer
+# last, per prompt uid in row order: verl's legacy trainer keeps its own string uid on every row
+# (ray_trainer.fit unions the rollout's rows into its batch, and DataProto.union refuses a uid
+# that differs), so the estimator maps the k-th row of uid u back to the k-th row issued for u.
+_ISSUED_ROWS: dict[str, list[TreeRowId]] = {}
+
+
+def issue_row_ids(rows: dict[str, list[TreeRowId]]) -> None:
+    """Record a step's rows (each prompt uid's TreeRowIds, in the order of its rows in the batch)
+    for the estimator to find from the trainer's plain string uids; replaces the last step's."""
+    _ISSUED_ROWS.clear()
+    _ISSUED_ROWS.update({str(k): list(v) for k, v in rows.items()})
+
+
+def _issued(ids: list[Any]) -> list[TreeRowId] | None:
+    """The issued TreeRowIds of a batch whose uids are the trainer's strings, or None where some
+    uid has no issued rows or more rows than were issued for it."""
+    if not _ISSUED_ROWS or not all(isinstance(x, str) for x in ids):
+        return None
+    seen: dict[str, int] = {}
+    out = []
+    for uid in ids:
+        k = seen.get(uid, 0)
+        rows = _ISSUED_ROWS.get(uid)
+        if rows is None or k >= len(rows):
+            return None
+        out.append(rows[k])
+        seen[uid] = k + 1
+    return out
+
+
 def _row_ids(index: Sequence[Any]) -> list[TreeRowId]:
     ids = list(index)
     wrong = next((i for i, x in enumerate(ids) if not isinstance(x, TreeRowId)), None)
     if wrong is not None:
+        issued = _issued(ids)
+        if issued is not None:
+            return issued
         raise ValueError(f"{TRACE_ESTIMATOR}: row {wrong}'s uid is {type(ids[wrong]).__name__} "
                          f"{ids[wrong]!r}, not a TreeRowId: build the batch with "
-                         "trace_core.integrations.verl.data_proto (or give each row a TreeRowId uid)")
+                         "trace_core.integrations.verl.data_proto (or give each row a TreeRowId uid), or "
+                         "roll out with trace_core.integrations.verl_rollout's agent-loop manager, which "
+                         "issues each prompt's rows")
     return ids
 
 
@@ -102,7 +145,9 @@ def tree_advantage_rows(rewards: np.ndarray, response_mask: np.ndarray, index: S
     """Per-token advantages (float64, the shape of ``response_mask``) of a verl batch: row ``i``
     is trajectory ``index[i].trajectory`` of tree ``index[i].tree``, with outcome reward
     ``rewards[i]``. Every trajectory of every tree must be in the batch once, and each row's
-    response mask must be 1 exactly where its trajectory's tokens are model-written."""
+    response mask must be 1 exactly where its trajectory's tokens are model-written (after the
+    row's ``offset`` history tokens, which it masks). ``index`` may also be the plain string uids
+    of verl's legacy trainer over rows issued by :func:`issue_row_ids`."""
     rewards = np.asarray(rewards, dtype=np.float64)
     response_mask = np.asarray(response_mask)
     ids = _row_ids(index)
@@ -128,12 +173,14 @@ def tree_advantage_rows(rewards: np.ndarray, response_mask: np.ndarray, index: S
     out = np.zeros(response_mask.shape, dtype=np.float64)
     for row in trajectory_rows(trees, node_advantages):
         i = rows_of[keys[row.tree]][row.trajectory]
-        n = len(row.completion_ids)
+        n, h = len(row.completion_ids), ids[i].offset
         mask = response_mask[i]
-        if n > mask.shape[0] or not np.array_equal(mask[:n] != 0, np.asarray(row.tool_mask) == 1) or mask[n:].any():
+        if (h + n > mask.shape[0] or mask[:h].any() or mask[h + n:].any()
+                or not np.array_equal(mask[h:h + n] != 0, np.asarray(row.tool_mask) == 1)):
             raise ValueError(f"row {i} ({ids[i]}): its response mask is not its trajectory's tool mask "
-                             f"(1 on its {sum(row.tool_mask)} model-written tokens of {n}, 0 elsewhere)")
-        out[i, :n] = row.advantages
+                             f"(1 on its {sum(row.tool_mask)} model-written tokens of {n} after {h} "
+                             "history tokens, 0 elsewhere)")
+        out[i, h:h + n] = row.advantages
     return out
 
 
