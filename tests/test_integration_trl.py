@@ -247,6 +247,61 @@ def test_train_updates_the_policy_and_the_predictor_and_resumes(tiny_models, dat
     assert os.path.isdir(out / "checkpoint-2")
 
 
+def test_the_activated_prompts_are_shared_by_expected_tokens_largest_first():
+    from trace_core.integrations.trl import prompt_shares
+
+    # loads m·cost = 20, 0, 40, 10: 40 to process 0, then 20 and 10 to process 1 (the less loaded)
+    shares = prompt_shares(np.array([2, 0, 4, 1]), np.array([10.0, 5.0, 10.0, 10.0]), 2)
+    assert [s.tolist() for s in shares] == [[2], [0, 3]]
+    assert [s.tolist() for s in prompt_shares(np.array([1, 1]), np.array([1.0, 1.0]), 3)] == [[0], [1], []]
+    assert [s.tolist() for s in prompt_shares(np.array([3, 0, 1]), np.ones(3), 1)] == [[0, 2]]
+
+
+def test_two_processes_plan_one_pool_share_the_rollouts_and_train_in_step(tiny_models, tmp_path):
+    """DDP over gloo on the CPU (torchrun, two processes): every process gathers the one candidate
+    pool, runs process 0's plan, grows the trees of its own share and receives the others', computes
+    the same advantages, trains on its half of the rows, and the policies and predictors stay equal."""
+    import subprocess
+    import sys
+
+    from trace_core.advantages import tree_advantages_batch
+    from trace_core.integrations.rows import trajectory_rows
+    from trace_core.integrations.trl import TRL_STD_EPS
+    from trace_core.tree import RolloutTree
+
+    repo = Path(__file__).resolve().parents[1]
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(repo / "tests/workers/trl_processes.py"),
+                           str(tiny_models[0]), str(tmp_path)], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    zero, one = ranks
+    assert [r["processes"] for r in ranks] == [2, 2] and "MULTI_CPU" in zero["distributed_type"]
+    assert zero["trace_steps"] == one["trace_steps"] == 2 and zero["predictor_updates"] == one["predictor_updates"] == 2
+    # one pool, one plan, every tree on every process
+    assert len(zero["pool"]) == 4 and zero["pool"] == one["pool"] and zero["m"] == one["m"]
+    assert zero["trees"] == one["trees"] and zero["rows"] == one["rows"] == 8
+    activated = {pid for pid, m in zip(zero["pool"], zero["m"], strict=True) if m > 0}
+    assert set(zero["share"]).isdisjoint(one["share"]) and set(zero["share"]) | set(one["share"]) == activated
+    assert [t["prompt_id"] for t in zero["trees"]] == [p for p in zero["pool"] if p in activated]
+    # the advantages are the tree advantages of all the trees, and each process trains on its half
+    trees = [RolloutTree.from_dict(t) for t in zero["trees"]]
+    expected = tree_advantages_batch(trees, scale_by_std=True, eps=TRL_STD_EPS)  # TRL's scale_rewards="group"
+    assert all(np.allclose(e, a) for e, a in zip(expected, zero["node_advantages"], strict=True))
+    rows = trajectory_rows(trees, [np.asarray(a) for a in zero["node_advantages"]])
+    assert [list(r.advantages) for r in rows] == zero["row_advantages"] == one["row_advantages"]
+    halves = [[tuple(x) for x in r["own_rows"]] for r in ranks]
+    assert halves[0] + halves[1] == [(r.tree, r.trajectory) for r in rows] and len(halves[0]) == len(halves[1]) == 4
+    assert zero["own_batch_rows"] == one["own_batch_rows"] == 4
+    assert zero["num_items_in_batch"] == one["num_items_in_batch"] == sum(sum(r.tool_mask) for r in rows)
+    # DDP kept the policies equal and trained them; the predictors learned the same
+    assert zero["policy_before"] == one["policy_before"] and zero["policy_after"] == one["policy_after"]
+    assert zero["policy_after"] != zero["policy_before"]
+    assert zero["predictor_after"] == one["predictor_after"] != zero["predictor_before"]
+
+
 # the example's table: a run's name, the step (or "mean"), the effective ratio, mixed groups per 1k tokens
 TABLE_ROW = re.compile(r"^(?P<run>\S.*?)\s+(?P<step>\d+|mean)\s+(?P<ratio>\S+)\s+(?P<per_1k>\S+)$")
 

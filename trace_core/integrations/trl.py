@@ -42,7 +42,14 @@ TRL is imported when :class:`TraceGRPOTrainer` is first asked for (its step live
 
 What the plug-in does not do (refused with an error naming the field): methods that sample in
 rounds (``dapo``, ``greso``) or price their step in tokens (``trace-tokens``), whose rows per step
-vary while TRL's generation batch is fixed; vLLM generation; several processes; evaluation.
+vary while TRL's generation batch is fixed; vLLM generation; evaluation.
+
+**Several processes** (``accelerate launch``/``torchrun``; DDP, the CPU's gloo included): each
+process holds a slice of TRL's generation batch. The slices are gathered into the one candidate
+pool, every process plans it (process 0's plan is the step's), grows the trees of its share of the
+activated prompts, and the trees are gathered, so every process updates its predictor and the
+planner on all of them and computes every advantage; each then trains on its 1/W slice of the rows,
+with TRL's ``num_items_in_batch`` counted over all of them.
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ from trace_core.predictor.config import PredictorConfig
 from trace_core.rollout.agent import AgentConfig, render_prompt
 from trace_core.rollout.engine import EngineConfig
 from trace_core.rollout.env import Task
-from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of
+from trace_core.rollout.executor import RolloutResult, TreeRolloutExecutor, expansion_of, merge_parallel
 from trace_core.rollout.hf_engine import HFEngine
 from trace_core.seeding import derive_seed, predictor_seed, step_sampling_seed
 from trace_core.token_ledger import TokenLedger
@@ -212,9 +219,6 @@ def _check_trl_settings(trace: TraceTRLConfig, args: GRPOConfig) -> None:
     if args.use_vllm:
         raise TraceConfigError("GRPOConfig.use_vllm = True: the plug-in's rollouts generate with the model TRL "
                                "trains (transformers); set it False")
-    if args.world_size > 1:
-        raise TraceConfigError(f"GRPOConfig: {args.world_size} processes; the plug-in plans one candidate pool per "
-                               "step on one process")
     if trace.advantage is None and args.scale_rewards not in SCALE_BY_STD:
         raise TraceConfigError(f"GRPOConfig.scale_rewards = {args.scale_rewards!r}: the tree advantage scales "
                                f"within its groups; use one of {sorted(SCALE_BY_STD)}")
@@ -257,6 +261,25 @@ def environment_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     trajectory inside the rollout (``env.reward`` of its episode), so TRL's reward loop never runs;
     a call means TRL generated outside the plug-in's step."""
     raise RuntimeError("environment_reward is scored inside TraceGRPOTrainer's rollouts; TRL should not call it")
+
+
+# ============================================================================ several processes
+def prompt_shares(m: np.ndarray, root_cost: np.ndarray, processes: int) -> list[np.ndarray]:
+    """The activated prompts (``m_i > 0``, pool indices) split over ``processes`` by expected
+    generated tokens ``m_i · root_cost_i``: largest first, each to the least loaded process (ties
+    to the lower index); each share in pool order. Deterministic, so every process computes the
+    same split."""
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    m, root_cost = np.asarray(m), np.asarray(root_cost, dtype=np.float64)
+    load = m * root_cost
+    shares: list[list[int]] = [[] for _ in range(processes)]
+    totals = np.zeros(processes)
+    for i in sorted(np.flatnonzero(m > 0).tolist(), key=lambda i: (-load[i], i)):
+        p = int(np.argmin(totals))
+        shares[p].append(i)
+        totals[p] += load[i]
+    return [np.array(sorted(s), dtype=np.int64) for s in shares]
 
 
 # ============================================================================ generation with the live policy
@@ -355,7 +378,7 @@ class TraceSteps:
         one row per trajectory, with per-token tree advantages and the observation tokens masked."""
         if not self.model.training:
             raise NotImplementedError("TraceGRPOTrainer does not evaluate; measure with trace_core.evaluation")
-        pool = pool_of(inputs)
+        pool = pool_of(self._whole_batch(inputs))
         if len(pool) != self.spec.pool_size:  # TRL's RepeatSampler always hands B distinct prompts
             raise AssertionError(f"TRL's generation batch holds {len(pool)} distinct prompts, expected the pool of "
                                  f"B = {self.spec.pool_size} (a custom sampler or an iterable dataset?)")
@@ -363,7 +386,36 @@ class TraceSteps:
         self.last_step = step
         self.trace_steps += 1
         self._log_step(step)
-        return self.batch_of(step.rows)
+        return self.batch_of(self._own_rows(step.rows), items=sum(sum(r.tool_mask) for r in step.rows))
+
+    # ------------------------------------------------------------------ several processes
+    def _whole_batch(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """TRL's generation batch across every process, in process order: each process holds a
+        slice of it (its sampler's share), and the step plans over the whole candidate pool."""
+        if self.accelerator.num_processes == 1:
+            return inputs
+        from accelerate.utils import gather_object
+
+        return [{TASK_COLUMN: x} for x in gather_object([row[TASK_COLUMN] for row in inputs])]
+
+    def _own_rows(self, rows: list[TrajectoryRow]) -> list[TrajectoryRow]:
+        """This process's slice of the step's rows (each process trains on 1/W of them; the
+        advantages were computed over every tree before the split)."""
+        size = len(rows) // self.accelerator.num_processes
+        start = self.accelerator.process_index * size
+        return rows[start:start + size]
+
+    def _first_process_plan(self, v: np.ndarray, plan: RootPlan) -> tuple[np.ndarray, RootPlan]:
+        """Process 0's scores and plan on every process, with its allocation random state: the
+        processes' predictors learn from the same trees, but only bit-identically where the
+        hardware is deterministic, and one step must run one plan."""
+        if self.accelerator.num_processes == 1:
+            return v, plan
+        from accelerate.utils import broadcast_object_list
+
+        shared = broadcast_object_list([v, plan, self.trace_rng.bit_generator.state], from_process=0)
+        self.trace_rng.bit_generator.state = shared[2]
+        return shared[0], shared[1]
 
     # ------------------------------------------------------------------ the step
     def run_step(self, pool: list[Task]) -> TraceStep:
@@ -372,7 +424,7 @@ class TraceSteps:
         step = self.trace_steps
         ids = [t.id for t in pool]
         v = self.predictor.score_histories([self._prompt_tokens(t) for t in pool])
-        plan = self.planner.plan_roots(v, ids, step, self.trace_rng)
+        v, plan = self._first_process_plan(v, self.planner.plan_roots(v, ids, step, self.trace_rng))
         result = self._roll_out(pool, plan, step)
         trees = result.trees
         root_pred = dict(zip(ids, v.tolist(), strict=True))
@@ -389,7 +441,11 @@ class TraceSteps:
         return TraceStep(step, pool, v, plan, trees, advantages, rows, metrics)
 
     def _roll_out(self, pool: list[Task], plan: RootPlan, step: int) -> RolloutResult:
-        """The bare rollouts of ``plan`` and the method's continuations, sampled from TRL's model."""
+        """The bare rollouts of ``plan`` and the method's continuations, sampled from TRL's model:
+        each process grows the trees of its share of the activated prompts (:func:`prompt_shares`),
+        and every process gets all of them. A request's seed is keyed by its prompt, so the
+        samples do not depend on the share; the prefix rule's draws (random anchors, ARPO's
+        branching) come from a generator of the step and the process."""
 
         def score_prefixes(tree: RolloutTree, nodes: Sequence[int]) -> np.ndarray:
             return self.predictor.score_trees([tree], [list(nodes)])[0][list(nodes)]
@@ -400,9 +456,17 @@ class TraceSteps:
                                     max_model_len=self.agent.max_total_tokens)
         executor = TreeRolloutExecutor(engine, self._tokenizer, self.env_factory, self.agent,
                                        tool_workers=self.trace.tool_workers)
+        processes, rank = self.accelerator.num_processes, self.accelerator.process_index
+        share = prompt_shares(plan.m, plan.root_cost, processes)[rank]
+        draws = np.random.default_rng(derive_seed(self.args.seed, "trace-trl expansion", step, rank))
         with torch.no_grad(), sampling_mode(policy):
-            return executor.run(pool, plan.m.tolist(), expansion, self.trace_rng,
+            part = executor.run([pool[i] for i in share], plan.m[share].tolist(), expansion, draws,
                                 sampling_seed=step_sampling_seed(self.args.seed, self.agent.seed, step))
+        if processes == 1:
+            return part
+        from accelerate.utils import gather_object
+
+        return merge_parallel(gather_object([part]), [t.id for t in pool])
 
     def _advantages(self, trees: list[RolloutTree]) -> list[np.ndarray]:
         return self._estimator()(trees)
@@ -436,10 +500,11 @@ class TraceSteps:
         return self._prompt_ids[task.id]
 
     # ------------------------------------------------------------------ TRL's batch
-    def batch_of(self, rows: list[TrajectoryRow]) -> dict[str, torch.Tensor]:
+    def batch_of(self, rows: list[TrajectoryRow], items: int | None = None) -> dict[str, torch.Tensor]:
         """TRL's training batch of ``rows``: prompts left-padded, completions right-padded,
         ``tool_mask`` 0 on observation tokens, per-token ``advantages``; the old and the reference
-        log-probs where TRL's loss reads them."""
+        log-probs where TRL's loss reads them. ``items``: the model-written tokens of the whole
+        generation batch, over every process (TRL's ``num_items_in_batch``; None: those of ``rows``)."""
         from trl.trainer.utils import pad as trl_pad
 
         device = self.accelerator.device
@@ -458,7 +523,8 @@ class TraceSteps:
         advantages = padded([r.advantages for r in rows], 0.0, "right", torch.float32)
         batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
                  "completion_mask": completion_mask, "tool_mask": tool_mask, "advantages": advantages,
-                 "num_items_in_batch": (completion_mask * tool_mask).sum()}
+                 "num_items_in_batch": (completion_mask * tool_mask).sum() if items is None
+                 else torch.tensor(items, device=device)}
         batch.update(self._reference_logps(batch))
         return batch
 

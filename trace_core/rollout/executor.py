@@ -167,6 +167,29 @@ def merge_stats(parts: Sequence[RolloutStats]) -> RolloutStats:
     return total
 
 
+def merge_parallel(parts: Sequence[RolloutResult], prompt_order: Sequence[str]) -> RolloutResult:
+    """One result of single-round executor runs on disjoint prompts at the same time (one per
+    process): :func:`merge_results` with the trees in ``prompt_order`` (prompt ids; ids no part
+    rolled out are skipped) and the wall time of the longest part, not their sum."""
+    if any(part.rounds != 1 for part in parts):
+        raise ValueError("merge_parallel merges single-round runs; a round rule's rounds depend on each other")
+    merged = merge_results(parts)
+    at: dict[str, int] = {}
+    for i, tree in enumerate(merged.trees):
+        if at.setdefault(tree.prompt_id, i) != i:
+            raise ValueError(f"prompt {tree.prompt_id!r} was rolled out by two parts: the parts must be disjoint")
+    unknown = sorted(set(at) - set(prompt_order))
+    if unknown:
+        raise ValueError(f"prompts {unknown[:5]} were rolled out but are not in prompt_order")
+    order = [at[pid] for pid in prompt_order if pid in at]
+    merged.trees = [merged.trees[i] for i in order]
+    merged.anchor_predictions = [merged.anchor_predictions[i] for i in order]
+    merged.kept = [merged.kept[i] for i in order]
+    merged.stats.wall_s = max((part.stats.wall_s for part in parts), default=0.0)
+    merged.rounds = 1
+    return merged
+
+
 @dataclass
 class _Traj:
     prompt: int  # index into the executor's prompt states
