@@ -72,15 +72,21 @@ system-deps:  ## what the tests need from the system: chromium + chromium-driver
 	  echo "or skip that one test with TRACE_RL_SKIP_BROWSER=1 make test"; exit 1; \
 	fi
 
+# Two pytest-xdist workers, a test file each at a time (its module fixtures built once): most of the
+# suite waits on one thread (process starts, imports, servers, one-thread tiny models), so two
+# workers overlap it on two cores. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest --timeout=900 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: system-deps $(STAMP) $(VERL_STAMP) data/MANIFEST.json  ## system deps, ruff, then every test (the command CI runs)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest --timeout=900 tests
+	$(PYTEST) tests
 
 run: $(STAMP)  ## the main job: the Kubeflow pipeline on this machine (kfp.local); a second run reuses what is up to date
 	$(BIN)/python -m pipelines run --local
 
 faults: $(STAMP) data/MANIFEST.json  ## the fault-injection suite alone (sandbox, data, tracking, engine, loop), with its figures
-	$(BIN)/python -m pytest --timeout=900 -m faults tests
+	$(PYTEST) -m faults tests
 
 ui: $(STAMP)  ## serve the MLflow UI on the main job's runs (prints the last comparison's URL)
 	$(BIN)/python -m pipelines ui

@@ -17,6 +17,7 @@ import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -283,8 +284,12 @@ class FaultyEngine:
 # ------------------------------------------------------------------------------------ fault summary
 # A test counts as a fault injection only if it asks for the `fault` fixture, and it reports what it
 # expected and what it found; the summary adds those figures up. Its area is its module's
-# FAULT_AREA. (The module mark `faults` only selects the suite for `make faults`.)
-_FAULT_TESTS: dict[str, str] = {}  # nodeid -> area, from collection: skipped tests are known too
+# FAULT_AREA. (The module mark `faults` only selects the suite for `make faults`.) The area and the
+# figures travel in each test report's user properties, so the summary is the same whether the
+# tests ran in this process or in pytest-xdist's workers (whose reports the controller receives).
+FAULT_AREA_KEY = "fault_area"  # a user property of every report of a fault test: its area
+FAULT_FIGURE_KEY = "fault_figure"  # a user property per figure: (unit, expected, found)
+_FAULT_TESTS: dict[str, str] = {}  # nodeid -> area, from the reports: skipped tests are known too
 _FAULT_OUTCOMES: dict[str, str] = {}  # nodeid -> passed / failed / error / skipped
 _FAULT_FIGURES: dict[str, list[tuple[str, int, int]]] = {}  # nodeid -> (unit, expected, found)
 _RECORD_AREAS = ("tracking store", "training loop", "trainer resume")  # where records can be lost
@@ -295,11 +300,11 @@ class FaultReport:
     must not lose (each written one found exactly once), `artifacts(expected, loadable)`, and
     `check(unit, expected, found)` for anything else counted (attacks contained, inputs refused)."""
 
-    def __init__(self, nodeid: str) -> None:
-        self.figures = _FAULT_FIGURES.setdefault(nodeid, [])
+    def __init__(self, node: pytest.Item) -> None:
+        self.node = node
 
     def check(self, unit: str, expected: int, found: int) -> None:
-        self.figures.append((unit, int(expected), int(found)))
+        self.node.user_properties.append((FAULT_FIGURE_KEY, (unit, int(expected), int(found))))
 
     def records(self, written, stored) -> None:
         stored = list(stored)
@@ -312,23 +317,24 @@ class FaultReport:
 @pytest.fixture
 def fault(request) -> FaultReport:
     """Marks the test as a fault injection and takes its figures (see `FaultReport`)."""
-    return FaultReport(request.node.nodeid)
+    return FaultReport(request.node)
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     for item in items:
         if "fault" in getattr(item, "fixturenames", ()):
-            _FAULT_TESTS[item.nodeid] = getattr(getattr(item, "module", None), "FAULT_AREA", "other")
-
-
-def pytest_deselected(items) -> None:
-    for item in items:
-        _FAULT_TESTS.pop(item.nodeid, None)
+            area = getattr(getattr(item, "module", None), "FAULT_AREA", "other")
+            item.user_properties.append((FAULT_AREA_KEY, area))
 
 
 def pytest_runtest_logreport(report) -> None:
-    if report.nodeid not in _FAULT_TESTS:
+    properties = list(getattr(report, "user_properties", ()))
+    area = next((value for key, value in properties if key == FAULT_AREA_KEY), None)
+    if area is None:
         return
+    _FAULT_TESTS[report.nodeid] = area
+    # each report carries every figure the test has reported so far: the latest report holds them all
+    _FAULT_FIGURES[report.nodeid] = [tuple(value) for key, value in properties if key == FAULT_FIGURE_KEY]
     previous = _FAULT_OUTCOMES.get(report.nodeid)
     if report.skipped:
         outcome = "skipped"
@@ -395,8 +401,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 # A long test (the miniature pipeline, DVC in a clone, the two-process ZeRO run) prints no dot for
 # minutes; a line every 30 s names it, so that a slow suite is never mistaken for a hung one. It is
 # written to the terminal's own file descriptor, which pytest keeps while it captures fd 1 (a
-# plain write from a thread during a test would land in that test's captured output).
-_RUNNING: dict[str, object] = {"nodeid": None, "since": 0.0, "said": 0.0}
+# plain write from a thread during a test would land in that test's captured output). Under
+# pytest-xdist the controller prints it (the workers' starts and finishes reach it as hooks; a
+# worker has no terminal), for every test running at once.
+_RUNNING: dict[str, list[float]] = {}  # nodeid -> [started, last said] (time.monotonic)
+_RUNNING_LOCK = threading.Lock()
 
 
 def _terminal_fd(config) -> int | None:
@@ -409,25 +418,30 @@ def _terminal_fd(config) -> int | None:
 def _test_heartbeat(fd: int) -> None:
     while True:
         time.sleep(2.0)
-        nodeid, now = _RUNNING["nodeid"], time.monotonic()
-        if nodeid and now - float(_RUNNING["said"]) >= 30.0:
-            _RUNNING["said"] = now
-            line = f"\n  ... still running {nodeid} ({now - float(_RUNNING['since']):.0f} s)\n"
+        now, lines = time.monotonic(), []
+        with _RUNNING_LOCK:
+            for nodeid, times in _RUNNING.items():
+                if now - times[1] >= 30.0:
+                    times[1] = now
+                    lines.append(f"\n  ... still running {nodeid} ({now - times[0]:.0f} s)\n")
+        for line in lines:
             os.write(fd, line.encode())
 
 
 def pytest_runtest_logstart(nodeid, location) -> None:
     now = time.monotonic()
-    _RUNNING.update(nodeid=nodeid, since=now, said=now)
+    with _RUNNING_LOCK:
+        _RUNNING[nodeid] = [now, now]
 
 
 def pytest_runtest_logfinish(nodeid, location) -> None:
-    _RUNNING["nodeid"] = None
+    with _RUNNING_LOCK:
+        _RUNNING.pop(nodeid, None)
 
 
-def pytest_collection_finish(session) -> None:
-    import threading
-
+def pytest_sessionstart(session) -> None:
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller says it
+        return
     fd = _terminal_fd(session.config)
     if fd is not None:
         threading.Thread(target=_test_heartbeat, args=(fd,), name="test-heartbeat", daemon=True).start()

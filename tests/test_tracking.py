@@ -44,8 +44,7 @@ def get_run(uri: str, run_id: str):
 
 
 def config(uri: str, spool: Path, experiment: str, **kw) -> TrackingConfig:
-    return TrackingConfig(tracking_uri=uri, experiment=experiment, spool_dir=str(spool), retry_interval_s=0.0,
-                          request_timeout_s=2, **kw)
+    return TrackingConfig(tracking_uri=uri, experiment=experiment, spool_dir=str(spool), retry_interval_s=0.0, **kw)
 
 
 def test_metric_names_are_made_valid() -> None:
@@ -57,7 +56,7 @@ def test_metric_names_are_made_valid() -> None:
 
 def test_run_goes_on_while_the_server_is_down_and_catches_up(server: Server, tmp_path: Path, fault) -> None:
     cfg = TrackingConfig(tracking_uri=server.uri, experiment="t-buffer", spool_dir=str(tmp_path / "spool"),
-                         retry_interval_s=0.0, request_timeout_s=2)
+                         retry_interval_s=0.0)
     tracker = MLflowTracker(cfg)
     tracker.log_params({"method": "trace", "budget": {"M": 16}})
     for step in range(3):
