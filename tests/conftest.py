@@ -320,7 +320,30 @@ def fault(request) -> FaultReport:
     return FaultReport(request.node)
 
 
+# Under pytest-xdist (`make test`: two workers, a test file each at a time) the files are handed out
+# in collection order; the heaviest go first, so that the quick ones fill in at the end and both
+# workers finish together (alphabetical order left the two longest files last, on one worker).
+# file_seconds.json: each file's seconds in a one-process run (pytest --durations), refreshed by
+# hand when a file's cost changes much; a file it does not name counts as quick. Order only: a
+# one-process run keeps pytest's own order.
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def heaviest_files_first(items: list[pytest.Item], seconds: dict[str, float]) -> list[pytest.Item]:
+    """``items`` with their files ordered by ``seconds`` (file name -> seconds, largest first; the
+    rest keep their order after them), each file's tests in their own order."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = sorted(files, key=lambda f: -float(seconds.get(Path(f).name, 0.0)))  # sorted() is stable
+    return [item for f in order for item in files[f]]
+
+
 def pytest_collection_modifyitems(session, config, items) -> None:
+    if hasattr(config, "workerinput") and FILE_SECONDS.is_file():
+        import json
+
+        items[:] = heaviest_files_first(items, json.loads(FILE_SECONDS.read_text()))
     for item in items:
         if "fault" in getattr(item, "fixturenames", ()):
             area = getattr(getattr(item, "module", None), "FAULT_AREA", "other")
