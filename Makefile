@@ -74,9 +74,11 @@ system-deps:  ## what the tests need from the system: chromium + chromium-driver
 
 # Two pytest-xdist workers, a test file each at a time (its module fixtures built once): most of the
 # suite waits on one thread (process starts, imports, servers, one-thread tiny models), so two
-# workers overlap it on two cores. TEST_WORKERS=0 runs it in this process.
+# workers overlap it on two cores. The files go out in the order tests/conftest.py gives them
+# (heaviest first), not xdist's (most tests first). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest --timeout=900 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+PYTEST := $(BIN)/python -m pytest --timeout=900 \
+	$(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: system-deps $(STAMP) $(VERL_STAMP) data/MANIFEST.json  ## system deps, ruff, then every test (the command CI runs)
 	$(BIN)/ruff check .
