@@ -10,47 +10,20 @@ prompts it rolled out itself, the rows it trained on, the advantages of every ro
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
 import torch
-
-
-def digest(state: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for key in sorted(state):
-        h.update(key.encode())
-        h.update(state[key].detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()
+from trl_setup import digest, fixed_turns_run
 
 
 def main(model_dir: str, out: str) -> None:
-    from trl import GRPOConfig
+    from trace_core.integrations.trl import TraceGRPOTrainer, prompt_shares
 
-    from trace_core.envs.families import get_family
-    from trace_core.envs.registry import EnvsConfig
-    from trace_core.integrations.trl import TraceGRPOTrainer, TraceTRLConfig, prompt_shares, task_dataset
-    from trace_core.predictor.config import PredictorConfig
-    from trace_core.rollout.agent import AgentConfig
-    from trace_core.rollout.env import FixedTurnsConfig
-    from trace_core.training.config import BudgetConfig
-
-    envs = EnvsConfig(fixed_turns=FixedTurnsConfig(turns=3, prompts=8))
-    family = get_family("fixed-turns")
-    dataset = task_dataset(family.synthetic_tasks(family.settings(envs)))
-    trace = TraceTRLConfig(
-        method="trace", budget=BudgetConfig(roots_M=4, expansion_N=1, group_size_G=4, max_per_prompt=4, pool_factor=2),
-        task_family="fixed-turns", envs=envs, agent=AgentConfig(max_turns=3, max_new_tokens=6, max_total_tokens=768),
-        predictor=PredictorConfig(tiny_hidden_size=32, tiny_intermediate_size=64, tiny_max_positions=1024,
-                                  min_prefix_examples=2),
-        tool_workers=0)
     # two processes × 4 rows = TRL's generation batch of M(1+N) = 8 rows
-    args = GRPOConfig(output_dir=out, use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2,
-                      max_steps=2, learning_rate=1e-3, logging_steps=1, report_to="none", save_strategy="no",
-                      gradient_checkpointing=False, seed=0, disable_tqdm=True, dataloader_num_workers=0)
+    trace, args, dataset = fixed_turns_run(out, rows_per_process=4)
     trainer = TraceGRPOTrainer(model_dir, trace, args, dataset)
     batches: list[dict[str, torch.Tensor]] = []
     generate = trainer._generate_and_score_completions
