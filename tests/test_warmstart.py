@@ -424,3 +424,67 @@ def test_the_copy_friendly_init_is_the_same_bytes_whatever_the_thread_count(tmp_
     assert torch.allclose(basis.T @ basis, torch.eye(WARM_MODEL.head_dim), atol=1e-5)
     assert (tmp_path / "threads1" / "model.safetensors").read_bytes() == \
         (tmp_path / "threads2" / "model.safetensors").read_bytes()
+
+
+def test_sft_with_lora_trains_only_the_adapters_and_saves_them_beside_the_merged_model(policy_dir, demos,
+                                                                                        tmp_path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trace_core.lora import LoraConfig, add_lora, load_adapter_state, merge_lora, read_adapter
+
+    train = demos["math"][:4]
+    before = _loss(policy_dir, train)
+    config = SFTConfig(lr=1e-2, epochs=6, batch_size=4, warmup_steps=2, progress=False, lora=LoraConfig(rank=4))
+    out = sft(policy_dir, train, config, out_dir=tmp_path / "sft")
+    assert _loss(out, train) < 0.98 * before, before  # a random tiny model learns little through its projections alone
+    base = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).state_dict()
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    assert merged.keys() == base.keys()  # a plain folder of full weights, the base's names
+    for name in base:  # only the adapted projections moved; embeddings, norms and the head did not
+        adapted = name.rsplit(".", 2)[-2] in config.lora.targets
+        assert torch.equal(merged[name], base[name]) != adapted, name
+    # the adapter alone rebuilds the merged model from the base, bit for bit
+    lora, state, described = read_adapter(out)
+    assert lora == config.lora and described["modules"] and read_sft_log(out).config["lora"]["rank"] == 4
+    rebuilt = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    add_lora(rebuilt, lora)
+    load_adapter_state(rebuilt, state)
+    assert all(torch.equal(merged[k], v) for k, v in merge_lora(rebuilt).state_dict().items())
+
+
+def test_a_kept_adapter_replaces_the_fine_tuning_of_the_same_inputs(policy_dir, demos, tmp_path, capsys) -> None:
+    """The pretrained warm start's adapter folder: a first LoRA SFT keeps its adapter under the key
+    of its inputs; a second warm start of the same inputs merges it into the base instead of
+    fine-tuning, and gets the same policy bytes; other settings miss it."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from trace_core.lora import LoraConfig
+    from trace_core.warmstart.demos import write_demos
+    from trace_core.warmstart.pretrained import PretrainedWarmStartConfig, _fine_tune
+
+    train = demos["math"][:4]
+    sft_config = SFTConfig(lr=1e-2, epochs=2, batch_size=4, warmup_steps=1, progress=False, lora=LoraConfig(rank=2))
+    config = PretrainedWarmStartConfig(sft=sft_config, adapters=str(tmp_path / "adapters"))
+    runs = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        out.mkdir()
+        write_demos(out / "demos.jsonl", train)
+        runs.append(_fine_tune(policy_dir, train, out, config))
+    assert "kept adapter" in capsys.readouterr().out
+    (entry,) = (tmp_path / "adapters").iterdir()
+    assert {p.name for p in entry.iterdir()} == {"adapter.safetensors", "adapter.json", "sft_log.json"}
+    first, second = (load_file(str(r / "model.safetensors")) for r in runs)
+    assert first.keys() == second.keys() and all(first[k].equal(second[k]) for k in first)
+    assert read_sft_log(runs[1]).losses == read_sft_log(runs[0]).losses
+    # other settings: another key, a fresh fine-tuning
+    out = tmp_path / "third"
+    out.mkdir()
+    write_demos(out / "demos.jsonl", train)
+    _fine_tune(policy_dir, train, out, replace(config, sft=replace(sft_config, lr=2e-2)))
+    assert len(list((tmp_path / "adapters").iterdir())) == 2
+    with pytest.raises(ValueError, match="sft.lora"):
+        _fine_tune(policy_dir, train, out, replace(config, sft=replace(sft_config, lora=None)))

@@ -49,6 +49,10 @@ class PretrainedWarmStartConfig:
     sft: SFTConfig = PRETRAINED_SFT  # fine-tuning settings
     agent: AgentConfig = PRETRAINED_AGENT  # the turn format's limits (the demonstrations must fit them)
     cache_dir: str | None = None  # where the converted wheel model is cached (None: the default cache)
+    # with sft.lora: a folder of kept adapters, one per SFT input (the converted model, the
+    # demonstrations, the SFT settings, torch's version: warmstart.sft_cache.sft_key); an adapter
+    # found there is merged into the base instead of fine-tuning, a fresh one is added (None: neither)
+    adapters: str | None = None
 
 
 def write_tasks(config: ChainConfig, folder: Path) -> dict[str, Path]:
@@ -70,7 +74,7 @@ def run_pretrained_warm_start(config: PretrainedWarmStartConfig) -> dict[str, An
     from trace_core.pretrained import convert_gguf, read_source
     from trace_core.warmstart.demos import DemoConfig, build_scripts, load_tasks, render_demos, write_demos
     from trace_core.warmstart.experts import MathExpert
-    from trace_core.warmstart.sft import read_sft_log, sft
+    from trace_core.warmstart.sft import read_sft_log
 
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +95,7 @@ def run_pretrained_warm_start(config: PretrainedWarmStartConfig) -> dict[str, An
     n_tokens = sum(len(d.token_ids) for d in demos)
     print(f"{len(demos)} demonstrations, {n_tokens} tokens (longest {max(len(d.token_ids) for d in demos)}), "
           f"prepared in {prep:.0f} s; fine-tuning {source.name} ({source.digest})", flush=True)
-    policy = sft(base, demos, config.sft, out_dir=out / "policy")
+    policy = _fine_tune(base, demos, out, config)
     (policy / "policy_source.json").write_text((base / "policy_source.json").read_text())
     log = read_sft_log(policy)
     report = {
@@ -109,6 +113,34 @@ def run_pretrained_warm_start(config: PretrainedWarmStartConfig) -> dict[str, An
     print(f"SFT: {log.steps} steps in {log.wall_seconds:.0f} s, loss {log.losses[0]:.3f} -> "
           f"{report['sft']['last10_loss']:.3f}; policy in {policy}", flush=True)
     return report
+
+
+def _fine_tune(base: Path, demos: list[Any], out: Path, config: PretrainedWarmStartConfig) -> Path:
+    """``out/policy``: the SFT of ``base`` on ``demos``, or, with ``config.adapters``, the kept
+    adapter of the same inputs merged into the base (kept there after a fresh LoRA SFT)."""
+    import shutil
+
+    from trace_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, apply_adapter
+    from trace_core.warmstart.sft import sft
+    from trace_core.warmstart.sft_cache import sft_key
+
+    if config.adapters is not None and config.sft.lora is None:
+        raise ValueError(f"adapters = {config.adapters!r} keeps LoRA adapters: set sft.lora too (--lora-rank)")
+    if config.adapters is None:
+        return sft(base, demos, config.sft, out_dir=out / "policy")
+    entry = Path(config.adapters) / sft_key(base, out / "demos.jsonl", [config.sft])
+    kept = (ADAPTER_WEIGHTS, ADAPTER_CONFIG, "sft_log.json")
+    if all((entry / name).is_file() for name in kept):
+        print(f"SFT: the kept adapter {entry} (same base, demonstrations and settings) merged into the base",
+              flush=True)
+        policy = apply_adapter(base, entry, out / "policy")
+        shutil.copy2(entry / "sft_log.json", policy / "sft_log.json")
+        return policy
+    policy = sft(base, demos, config.sft, out_dir=out / "policy")
+    entry.mkdir(parents=True, exist_ok=True)
+    for name in kept:
+        shutil.copy2(policy / name, entry / name)
+    return policy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,14 +163,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=d.sft.batch_size, help="SFT batch size")
     p.add_argument("--threads", type=int, default=None, help="torch threads for SFT")
     p.add_argument("--no-progress", action="store_true", help="progress lines instead of a bar")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="train rank-R adapters on the attention and MLP projections instead of every weight "
+                        "(0: full fine-tuning); the adapter is saved beside the merged policy")
+    p.add_argument("--adapters", default=None,
+                   help="with --lora-rank: a folder of kept adapters; one of the same inputs is merged "
+                        "instead of fine-tuning, a fresh one is added (commit it to rebuild the same policy "
+                        "on another machine)")
     a = p.parse_args(argv)
     from dataclasses import replace
+
+    from trace_core.lora_config import LoraConfig
+
+    if a.lora_rank < 0:
+        p.error(f"--lora-rank must be >= 0, got {a.lora_rank}")
+    lora = LoraConfig(rank=a.lora_rank, alpha=2.0 * a.lora_rank) if a.lora_rank else None
 
     config = PretrainedWarmStartConfig(
         out_dir=a.out,
         chains=replace(d.chains, n_warm=a.warm, n_pool=a.pool, n_heldout=a.heldout, seed=a.task_seed),
         sft=replace(d.sft, epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, threads=a.threads,
-                    progress=not a.no_progress))
+                    progress=not a.no_progress, lora=lora),
+        adapters=a.adapters)
     run_pretrained_warm_start(config)
     return 0
 

