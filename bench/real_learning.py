@@ -94,7 +94,9 @@ def run_settings(method: str, seed: int, args: argparse.Namespace, identity: dic
     return {"method": method, "seed": seed, "steps": args.steps, "lr": args.lr, "roots_M": args.roots_M,
             "expansion_N": args.expansion_N, "group_size_G": args.group_size, "max_m": args.max_m,
             "heldout_k": args.heldout_k, "dtype": args.dtype,
-            "heldout_at": measure_steps(args.steps, args.measurements), "policy": identity["weights_digest"]}
+            "heldout_at": measure_steps(args.steps, args.measurements), "policy": identity["weights_digest"],
+            # adapters change what trains: named only when used, so full fine-tuning's records keep their settings
+            **({"lora_rank": args.lora_rank} if args.lora_rank else {})}
 
 
 def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
@@ -115,6 +117,8 @@ def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
         f"heldout.at_steps={[s for s in settings['heldout_at'] if s < settings['steps']]}", "heldout.at_end=true",
         f"tracking.tracking_uri=sqlite:///{Path(args.work).resolve() / 'mlflow.db'}",
         "tracking.experiment=bench-real-learning", f"policy.dtype={settings['dtype']}",
+        *([f"policy.lora.rank={settings['lora_rank']}", f"policy.lora.alpha={2 * settings['lora_rank']}"]
+          if settings.get("lora_rank") else []),
     ]
 
 
@@ -264,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "float32 master weights in the optimizer); bfloat16 makes the update cheaper on a CPU "
                           "that computes it natively, and far slower on one that does not (AVX2 only: choose "
                           "float32 there; the run warns)")
+    run.add_argument("--lora-rank", type=int, default=0,
+                     help="train rank-R adapters (alpha 2R) on the policy's projections instead of every weight "
+                          "(0: full fine-tuning); a run's checkpoint then holds only the adapters and their "
+                          "optimizer state")
     run.add_argument("--heldout-k", type=int, default=4, help="samples per held-out question (the start's k)")
     run.add_argument("--measurements", type=int, default=1, help="held-out measurements after the start, evenly "
                      "spaced (each costs k rollouts of every held-out question)")

@@ -60,3 +60,15 @@ def test_every_committed_table_is_recomputed_from_its_records(tmp_path):
         recomputed = json.loads((copy / "table.json").read_text())
         committed = json.loads((folder / "table.json").read_text())
         assert recomputed == committed, folder.name
+
+
+@pytest.mark.parametrize("rank", [0, 8])
+def test_adapters_are_a_setting_of_the_run_only_when_asked_for(tmp_path, rank):
+    from trace_core.config import load_config
+    from trace_core.training.config import TrainConfig
+
+    args = rl.build_parser().parse_args(["run", "--lora-rank", str(rank), "--warm", str(tmp_path)])
+    settings = rl.run_settings("grpo", 0, args, {"weights_digest": "d"})
+    assert ("lora_rank" in settings) == bool(rank)  # full fine-tuning's records keep their settings
+    config = load_config(TrainConfig, None, rl.overrides(args, settings, tmp_path / "out"))
+    assert (config.policy.lora is None) if not rank else (config.policy.lora.rank, config.policy.lora.alpha) == (8, 16)

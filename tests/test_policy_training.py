@@ -167,3 +167,50 @@ def test_a_non_finite_loss_is_skipped_and_counted_never_written_into_the_weights
         assert all(torch.equal(after[k], v) for k, v in opt.full_state_dict().items())  # nothing moved
     finally:
         opt.engine.destroy()
+
+
+def test_with_adapters_only_they_train_the_engine_gets_merged_weights_and_a_checkpoint_holds_them_alone(
+        model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from trace_core.lora import LoraConfig, LoraLinear
+    from trace_core.training.policy import PolicyOptimizer, PolicyTrainConfig
+
+    config = PolicyTrainConfig(lr=1e-2, zero_stage=2, micro_batches=2, lora=LoraConfig(rank=4, alpha=8.0))
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    opt = PolicyOptimizer(str(model_dir), config)
+    try:
+        trees, adv = synthetic_trees(int(opt.engine.module.config.vocab_size))
+        assert all(torch.equal(base[k], v) for k, v in opt.full_state_dict().items())  # B = 0: the base
+        opt.update(trees, adv)
+        merged = opt.full_state_dict()
+        assert merged.keys() == base.keys()  # what the rollout engine loads: the base's names
+        moved = {k for k in base if not torch.equal(base[k], merged[k])}
+        assert moved and all(k.rsplit(".", 2)[-2] in config.lora.targets for k in moved)
+        # the merged weights compute what the adapted policy computes
+        plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        plain.load_state_dict(merged)
+        ids = torch.tensor([[3, 17, 200, 42, 9]])
+        adapted = opt.engine.module.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(plain(input_ids=ids).logits, adapted(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+        opt.engine.train()
+        opt.save_pretrained(tmp_path / "final")  # the run's policy folder: the merged model
+        final = AutoModelForCausalLM.from_pretrained(tmp_path / "final", dtype=torch.float32).state_dict()
+        assert final.keys() == base.keys() and all(torch.equal(merged[k], final[k]) for k in final)
+        # a checkpoint holds the adapters and their optimizer state, not the frozen base
+        opt.save_checkpoint(tmp_path / "ckpt", tag="policy")
+        saved = sum(f.stat().st_size for f in (tmp_path / "ckpt").rglob("*") if f.is_file())
+        full = sum(v.numel() * v.element_size() for v in base.values())
+        adapters = sum(p.numel() * p.element_size() for m in adapted.modules() if isinstance(m, LoraLinear)
+                       for p in (m.lora_A, m.lora_B))
+        assert saved < full and saved < 6 * adapters + (1 << 16)  # weights + two Adam moments, and headers
+    finally:
+        opt.engine.destroy()
+    resumed = PolicyOptimizer(str(model_dir), config)
+    try:
+        resumed.load_checkpoint(tmp_path / "ckpt", tag="policy")
+        assert all(torch.equal(merged[k], v) for k, v in resumed.full_state_dict().items())
+        assert resumed.updates == 1
+    finally:
+        resumed.engine.destroy()

@@ -103,6 +103,23 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None
             target.copy_(tensor)
 
 
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict the merged model would have (the base model's names, each adapted weight
+    :meth:`LoraLinear.merged_weight`), the adapted model left as it is."""
+    adapted = {name: m for name, m in model.named_modules() if isinstance(m, LoraLinear)}
+    state = {}
+    for key, value in model.state_dict().items():
+        module, _, leaf = key.rpartition(".")
+        owner, _, inner = module.rpartition(".")
+        if leaf in ("lora_A", "lora_B"):
+            continue
+        if inner == "base" and owner in adapted:  # "<module>.base.weight" → "<module>.weight"
+            state[f"{owner}.{leaf}"] = adapted[owner].merged_weight() if leaf == "weight" else value
+        else:
+            state[key] = value
+    return state
+
+
 def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into its base weight (:meth:`LoraLinear.merged_weight`) and put the plain
     ``nn.Linear`` back, in place: the model's state dict has its original names again."""

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trace_core.lora import add_lora, merged_state_dict
 from trace_core.training.policy_config import PolicyTrainConfig  # noqa: F401 - re-exported
 from trace_core.training.ppo import (
     PackedTargets,
@@ -92,6 +93,8 @@ class PolicyOptimizer:
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation=attention)
         # before DeepSpeed wraps (and under ZeRO-3 partitions) it: the head keeps its parameter
         install_logprob_head(model, config.max_logits_per_chunk)
+        if config.lora is not None:  # the base frozen, only the adapters reach the optimizer
+            add_lora(model, config.lora)
         self.ref_model = None
         if config.ppo.kl_coef > 0:  # frozen copy of the starting policy
             self.ref_model = AutoModelForCausalLM.from_pretrained(
@@ -263,14 +266,19 @@ class PolicyOptimizer:
 
     # ------------------------------------------------------------------ weights and state
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter, gathered (ZeRO-3 partitions them), on CPU — for the rollout engine."""
+        """Every parameter, gathered (ZeRO-3 partitions them), on CPU — for the rollout engine;
+        with adapters, the merged weights under the base model's names."""
         module = self.engine.module
         if self.config.zero_stage == 3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-        return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+                return self._state_on_cpu(module)
+        return self._state_on_cpu(module)
+
+    def _state_on_cpu(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        state = merged_state_dict(module) if self.config.lora is not None else module.state_dict()
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     def save_pretrained(self, out_dir: str | Path) -> None:
         """Save the current policy as a transformers model directory (rank 0 writes)."""
@@ -279,11 +287,14 @@ class PolicyOptimizer:
             self.engine.module.save_pretrained(str(out_dir), state_dict=state)
 
     def save_checkpoint(self, ckpt_dir: str | Path, tag: str) -> None:
-        """Weights and optimizer state (all ranks participate)."""
-        self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"updates": self.updates})
+        """Weights and optimizer state (all ranks participate); with adapters, only the trained
+        ones: the frozen base is the starting model's, which a resume loads first."""
+        self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"updates": self.updates},
+                                    exclude_frozen_parameters=self.config.lora is not None)
 
     def load_checkpoint(self, ckpt_dir: str | Path, tag: str) -> None:
-        _, client = self.engine.load_checkpoint(str(ckpt_dir), tag=tag)
+        _, client = self.engine.load_checkpoint(str(ckpt_dir), tag=tag,
+                                                load_module_strict=self.config.lora is None)
         if client is None:
             raise ValueError(f"no policy checkpoint {tag!r} under {ckpt_dir}")
         self.updates = int(client.get("updates", 0))

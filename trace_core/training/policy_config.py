@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from trace_core.lora_config import LoraConfig
 from trace_core.tree_packing.config import DEFAULT_MAX_LOGITS, TreeAttentionConfig
 
 
@@ -46,6 +47,10 @@ class PolicyTrainConfig:
     tree_attention: TreeAttentionConfig = field(default_factory=TreeAttentionConfig)  # how "tree" batches its calls
     max_logits_per_chunk: int = DEFAULT_MAX_LOGITS  # LM-head logits materialised at once when scoring tokens
     seed: int = 0  # torch seed for anything stochastic in the update
+    # train low-rank adapters on the frozen policy (trace_core.lora) instead of every weight: the
+    # engine still receives merged full weights, and a checkpoint holds only the adapters and their
+    # optimizer state (megabytes, where the full policy's is gigabytes). None: every weight trains
+    lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
