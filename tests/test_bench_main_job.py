@@ -48,7 +48,20 @@ def test_a_task_that_did_not_run_once_per_method_keeps_its_plain_name():
 def test_the_targets_are_twenty_minutes_and_twelve_gib():
     assert judge(WALL_TARGET_S, MEMORY_TARGET_MIB)["wall"]["verdict"].startswith("PASS")
     assert judge(WALL_TARGET_S + 1, 100)["wall"]["verdict"].startswith("MISS")
-    assert judge(60, MEMORY_TARGET_MIB + 1)["memory"]["verdict"].startswith("MISS")
+    assert judge(60, 100, MEMORY_TARGET_MIB + 1)["memory"]["verdict"].startswith("MISS")
+    # memory is judged on the PSS sum, however large the RSS sum (shared pages counted in each process)
+    assert judge(60, 4 * MEMORY_TARGET_MIB, MEMORY_TARGET_MIB)["memory"]["verdict"].startswith("PASS")
+    # a record with the RSS sum only: an upper bound, so it can pass, never miss
+    assert judge(60, MEMORY_TARGET_MIB)["memory"]["verdict"].startswith("PASS")
+    assert judge(60, MEMORY_TARGET_MIB + 1)["memory"]["verdict"].startswith("not judged")
+
+
+def test_the_memory_sampler_reads_the_proportional_and_the_resident_sums():
+    from bench.main_job import PeakMemory
+
+    memory = PeakMemory()
+    memory.sample()
+    assert 0 < memory.peak_pss_mib <= memory.peak_mib
 
 
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.name)
@@ -64,7 +77,7 @@ def test_the_committed_record_is_a_whole_run_whose_verdicts_recompute(path):
             assert f"{step} {method}" in names or len(record["methods"]) == 1
     assert 0 < sum(t["seconds"] for t in tasks) <= record["wall_s"]
     assert record["peak_rss_mib"] > 0
-    assert judge(record["wall_s"], record["peak_rss_mib"]) == record["targets"]
+    assert judge(record["wall_s"], record["peak_rss_mib"], record.get("peak_pss_mib")) == record["targets"]
     for method in record["methods"]:  # the table it printed has a row per method
         assert f"| {method} " in record["table"]
     assert record["commit"] and record["dirty"] is False
