@@ -343,9 +343,9 @@ def main_job(record: Mapping[str, Any]) -> list[str]:
     rows = [{"task": t["task"], "seconds": num(t["seconds"], 0), "status": t["status"]} for t in record["tasks"]]
     rows.append({"task": "whole run", "seconds": num(record["wall_s"], 0), "status": ""})
     if "peak_pss_mib" in record:
-        memory = (f"peak memory of the process tree {num(record['peak_pss_mib'] / 1024, 1)} GiB (PSS; the sum of "
-                  f"resident sizes, which counts shared pages in every process, {num(record['peak_rss_mib'] / 1024, 1)} "
-                  "GiB)")
+        pss, rss = num(record["peak_pss_mib"] / 1024, 1), num(record["peak_rss_mib"] / 1024, 1)
+        memory = (f"peak memory of the process tree {pss} GiB (PSS; the sum of resident sizes, which counts "
+                  f"shared pages in every process, {rss} GiB)")
     else:
         memory = (f"peak of the process tree's summed resident sizes {num(record['peak_rss_mib'] / 1024, 1)} GiB "
                   "(an upper bound: a page shared by several processes counts in each; PSS was not measured)")
