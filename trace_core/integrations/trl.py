@@ -610,12 +610,11 @@ class TraceSteps:
             if any(r.sampling_logprobs is None for r in rows):
                 raise AssertionError("a row without the engine's sampled log-probs: vLLM returns them for every token")
             sampled = padded([r.sampling_logprobs for r in rows], 0.0, "right", torch.float32)
-            args = self.args
+            written, args = completion_mask * tool_mask, self.args
             batch["importance_sampling_ratio"] = importance_ratio(
-                batch["old_per_token_logps"], sampled, completion_mask * tool_mask,
-                args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
-                args.vllm_importance_sampling_clip_max)
-            self._log_engine_mismatch(batch["old_per_token_logps"], sampled, completion_mask * tool_mask)
+                batch["old_per_token_logps"], sampled, written, args.vllm_importance_sampling_mode,
+                args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max)
+            self._log_engine_mismatch(batch["old_per_token_logps"], sampled, written)
         return batch
 
     def _corrects_engine_mismatch(self) -> bool:
