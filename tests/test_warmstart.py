@@ -428,10 +428,12 @@ def test_the_copy_friendly_init_is_the_same_bytes_whatever_the_thread_count(tmp_
 
 def test_sft_with_lora_trains_only_the_adapters_and_saves_them_beside_the_merged_model(policy_dir, demos,
                                                                                         tmp_path) -> None:
+    """...and out of the folder's top level: vLLM and the weights digest read every top-level
+    ``*.safetensors`` as the model's weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trace_core.lora import LoraConfig, add_lora, load_adapter_state, merge_lora, read_adapter
+    from trace_core.lora import ADAPTER_SUBDIR, LoraConfig, add_lora, load_adapter_state, merge_lora, read_adapter
 
     train = demos["math"][:4]
     before = _loss(policy_dir, train)
@@ -445,7 +447,8 @@ def test_sft_with_lora_trains_only_the_adapters_and_saves_them_beside_the_merged
         adapted = name.rsplit(".", 2)[-2] in config.lora.targets
         assert torch.equal(merged[name], base[name]) != adapted, name
     # the adapter alone rebuilds the merged model from the base, bit for bit
-    lora, state, described = read_adapter(out)
+    assert [p.name for p in out.glob("*.safetensors")] == ["model.safetensors"]
+    lora, state, described = read_adapter(out / ADAPTER_SUBDIR)
     assert lora == config.lora and described["modules"] and read_sft_log(out).config["lora"]["rank"] == 4
     rebuilt = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
     add_lora(rebuilt, lora)

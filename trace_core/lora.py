@@ -28,7 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from trace_core.lora_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraConfig  # noqa: F401 - re-exported
+from trace_core.lora_config import (  # noqa: F401 - re-exported
+    ADAPTER_CONFIG,
+    ADAPTER_SUBDIR,
+    ADAPTER_WEIGHTS,
+    LoraConfig,
+)
 
 
 class LoraLinear(nn.Module):
@@ -184,7 +189,7 @@ def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 def apply_adapter(base_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> Path:
     """The merged model of the base in ``base_dir`` and the adapter in ``adapter_dir``, written to
     ``out_dir`` as a plain model folder (weights, the base's tokenizer, chat template and other
-    files, and the adapter's own two files beside them)."""
+    files), the adapter's own two files in its :data:`ADAPTER_SUBDIR`."""
     import shutil
 
     from transformers import AutoModelForCausalLM
@@ -200,6 +205,7 @@ def apply_adapter(base_dir: str | Path, adapter_dir: str | Path, out_dir: str | 
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "config.json":
             shutil.copy2(f, out / f.name)
     model.save_pretrained(out)
+    (out / ADAPTER_SUBDIR).mkdir(exist_ok=True)
     for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
-        shutil.copy2(Path(adapter_dir) / name, out / name)
+        shutil.copy2(Path(adapter_dir) / name, out / ADAPTER_SUBDIR / name)
     return out

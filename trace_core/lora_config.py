@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 ADAPTER_WEIGHTS = "adapter.safetensors"  # A and B of every adapted layer
 ADAPTER_CONFIG = "adapter.json"  # the LoraConfig, the adapted modules and the base's identity
+# Inside a model folder the adapter sits in this subfolder: a reader that loads every top-level
+# ``*.safetensors`` (vLLM, the weights digest) sees only the merged model.
+ADAPTER_SUBDIR = "adapter"
 ATTENTION_AND_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

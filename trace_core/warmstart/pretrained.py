@@ -120,7 +120,7 @@ def _fine_tune(base: Path, demos: list[Any], out: Path, config: PretrainedWarmSt
     adapter of the same inputs merged into the base (kept there after a fresh LoRA SFT)."""
     import shutil
 
-    from trace_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, apply_adapter
+    from trace_core.lora import ADAPTER_CONFIG, ADAPTER_SUBDIR, ADAPTER_WEIGHTS, apply_adapter
     from trace_core.warmstart.sft import sft
     from trace_core.warmstart.sft_cache import sft_key
 
@@ -130,6 +130,7 @@ def _fine_tune(base: Path, demos: list[Any], out: Path, config: PretrainedWarmSt
         return sft(base, demos, config.sft, out_dir=out / "policy")
     entry = Path(config.adapters) / sft_key(base, out / "demos.jsonl", [config.sft])
     kept = (ADAPTER_WEIGHTS, ADAPTER_CONFIG, "sft_log.json")
+    written = {ADAPTER_WEIGHTS: ADAPTER_SUBDIR, ADAPTER_CONFIG: ADAPTER_SUBDIR, "sft_log.json": "."}
     if all((entry / name).is_file() for name in kept):
         print(f"SFT: the kept adapter {entry} (same base, demonstrations and settings) merged into the base",
               flush=True)
@@ -139,7 +140,7 @@ def _fine_tune(base: Path, demos: list[Any], out: Path, config: PretrainedWarmSt
     policy = sft(base, demos, config.sft, out_dir=out / "policy")
     entry.mkdir(parents=True, exist_ok=True)
     for name in kept:
-        shutil.copy2(policy / name, entry / name)
+        shutil.copy2(policy / written[name] / name, entry / name)
     return policy
 
 

@@ -250,7 +250,7 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trace_core.lora import add_lora, merge_lora, save_adapter
+    from trace_core.lora import ADAPTER_SUBDIR, add_lora, merge_lora, save_adapter
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -317,7 +317,8 @@ def sft(model_dir: str | Path, demos: Sequence[TrainingSequence], config: SFTCon
     out.mkdir(parents=True, exist_ok=True)
     if config.lora is not None:
         source = model_dir / "policy_source.json"  # the wheel's model: which file the adapter adapts
-        save_adapter(model, config.lora, out, base=json.loads(source.read_text()) if source.is_file() else None)
+        base = json.loads(source.read_text()) if source.is_file() else None
+        save_adapter(model, config.lora, out / ADAPTER_SUBDIR, base=base)
         merge_lora(model)
     model.save_pretrained(out)
     if out.resolve() != model_dir.resolve():
