@@ -34,7 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-ENGINE_KV_BYTES = 1 << 30
+ENGINE_KV_BYTES = 4 << 30
 
 
 def rollout_counts(policy: Path, tasks: list, k: int, seed_name: str, agent,
