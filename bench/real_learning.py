@@ -24,14 +24,23 @@ method (``bench/results/real_learning``).
 per-step counts, the held-out counts per question at every measurement, the commit with a dirty
 flag, the policy's digest, the settings); ``table`` recomputes the table from the records alone. A
 rerun skips every run whose record has the same settings; a run folder under ``--work`` without a
-record resumes from its last checkpoint. A run must finish within one sitting of the machine: its
-checkpoints (the policy and its optimizer state, ~1.6 GB) are not committed.
+record resumes from its last checkpoint, whatever commit it was started on (the record lists every
+sitting: the commit, the dirty flag and the step it resumed at).
+
+**A run longer than a sitting** (a session, a machine that goes away): with ``--lora-rank`` a
+checkpoint holds only the adapters, their optimizer state and the predictor, small enough to commit.
+``carry`` copies each unfinished run's resume state (the latest checkpoint, the step figures, the
+held-out measurements, its tracking store) to ``RECORDS/carry/<run>/``; a later ``run`` on any
+machine, with the same settings, finds it there and resumes from it. A full fine-tuning checkpoint
+(~1.6 GB) is refused by ``carry``.
 
 Examples:
 
     python -m bench.real_learning run --methods grpo --seeds 0 --steps 30 --lr 5e-6 \\
         --records bench/results/real_learning_pilot           # a pilot on GRPO
     python -m bench.real_learning table --records bench/results/real_learning_pilot
+    python -m bench.real_learning carry --methods grpo --seeds 0 \\
+        --records bench/results/real_learning_pilot           # before the machine goes: commit the carry
 """
 
 from __future__ import annotations
@@ -39,16 +48,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from bench.harness import Provenance, claim_run_folder, save_figure, write_json
+from bench.harness import Provenance, save_figure, write_json
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the policy trains on the CPU (DeepSpeed reads this)
 
 RECORD_FORMAT = "trace-rl/real-learning-run/1"
 START_FILE = "bench/results/real_policy.json"
+CARRY_DIR = "carry"  # under --records: each unfinished run's resume state, committed between sittings
+SETTINGS_FILE = "bench_settings.json"  # in a run folder: the settings it was started with
+SITTINGS_FILE = "sittings.json"  # in a run folder: every sitting that ran it (commit, dirty flag, first step)
+CARRY_LIMIT_BYTES = 200 << 20  # a resume state above this is not committed (full fine-tuning's is ~1.6 GB)
 STEP_KEYS = {"rollouts": "counts/rollouts", "generated_tokens": "budget/generated_tokens",
              "mixed_groups": "counts/mixed_groups", "effective_ratio": "effective_ratio",
              "reward": "reward/mean", "step_wall_s": "cost/step_s",
@@ -112,14 +126,101 @@ def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
         f"budget.group_size_G={settings['group_size_G']}", f"budget.max_per_prompt={settings['max_m']}",
         "budget.pool_factor=2", f"agent.max_turns={a.max_turns}", f"agent.max_new_tokens={a.max_new_tokens}",
         f"agent.max_total_tokens={a.max_total_tokens}", f"engine.max_model_len={a.max_total_tokens}",
-        "engine.kv_cache_mb=1024", "predictor.vocab_size=49152", "predictor.task_family=math",
+        "engine.kv_cache_mb=4096", "predictor.vocab_size=49152", "predictor.task_family=math",
         f"heldout.task_file={warm / 'tasks' / 'heldout.jsonl'}", f"heldout.samples={settings['heldout_k']}",
         f"heldout.at_steps={[s for s in settings['heldout_at'] if s < settings['steps']]}", "heldout.at_end=true",
-        f"tracking.tracking_uri=sqlite:///{Path(args.work).resolve() / 'mlflow.db'}",
+        # a tracking store per run: it travels with the run's carried state
+        f"tracking.tracking_uri=sqlite:///{out.resolve() / 'mlflow.db'}",
         "tracking.experiment=bench-real-learning", f"policy.dtype={settings['dtype']}",
         *([f"policy.lora.rank={settings['lora_rank']}", f"policy.lora.alpha={2 * settings['lora_rank']}"]
           if settings.get("lora_rank") else []),
     ]
+
+
+def run_name(settings: dict) -> str:
+    return f"{settings['method']}-seed{settings['seed']}"
+
+
+def latest_step(out: Path) -> int:
+    """The step of the run folder's last complete checkpoint (0: none)."""
+    pointer = out / "checkpoints" / "latest"
+    return int(pointer.read_text().strip().removeprefix("step_")) if pointer.is_file() else 0
+
+
+def claim_run(out: Path, provenance: Provenance, settings: dict) -> list[dict]:
+    """Keep ``out`` when it holds a run of these settings (it resumes from its checkpoint, on this
+    commit or another), else empty it and start it there; this sitting joins its sittings."""
+    started = out / SETTINGS_FILE
+    if not (started.is_file() and json.loads(started.read_text())["settings"] == settings):
+        shutil.rmtree(out, ignore_errors=True)  # another run's folder: start over
+        out.mkdir(parents=True)
+        started.write_text(json.dumps({"commit": provenance.commit, "settings": settings}))
+    file = out / SITTINGS_FILE
+    sittings = json.loads(file.read_text()) if file.is_file() else []
+    sittings.append({"commit": provenance.commit, "dirty": provenance.dirty, "from_step": latest_step(out)})
+    file.write_text(json.dumps(sittings, indent=1))
+    return sittings
+
+
+def carried_files(out: Path) -> list[Path]:
+    """What a run folder needs to resume elsewhere, relative to it: its settings and sittings, the
+    last complete checkpoint and its pointer, the step figures, the held-out measurements, the
+    tracking store and spool. Not the per-step trees and allocations (already sent to tracking)."""
+    tag = (out / "checkpoints" / "latest").read_text().strip()
+    kept = [out / "checkpoints" / "latest", out / "checkpoints" / tag]
+    for name in (SETTINGS_FILE, SITTINGS_FILE, "step_history.jsonl", "run_identity.json", "mlflow.db", "heldout",
+                 "spool"):
+        if (out / name).exists():
+            kept.append(out / name)
+    files = [p for k in kept for p in ([k] if k.is_file() else sorted(k.rglob("*"))) if p.is_file()]
+    return [p.relative_to(out) for p in files]
+
+
+def carry_run(out: Path, carry: Path) -> int:
+    """Replace ``carry`` with the resume state of the run in ``out``; its size in bytes."""
+    files = carried_files(out)
+    size = sum((out / f).stat().st_size for f in files)
+    if size > CARRY_LIMIT_BYTES:
+        raise SystemExit(f"{out}: its resume state is {size / 2**20:.0f} MiB, above the {CARRY_LIMIT_BYTES >> 20} "
+                         "MiB a commit should hold (a full fine-tuning checkpoint?): train adapters (--lora-rank) "
+                         "to carry a run between sittings")
+    shutil.rmtree(carry, ignore_errors=True)
+    for f in files:
+        (carry / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(out / f, carry / f)
+    return size
+
+
+def restore_carried(carry: Path, out: Path, settings: dict) -> None:
+    """Put a carried run's resume state into ``out`` when the carried run has these settings and
+    ``out`` is behind it (no checkpoint, or an older one)."""
+    started = carry / SETTINGS_FILE
+    if not started.is_file() or json.loads(started.read_text())["settings"] != settings:
+        return
+    if latest_step(out) >= latest_step(carry):
+        return
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(carry, out)
+    print(f"{run_name(settings)}: resumes from the state carried in {carry} (step {latest_step(out)})", flush=True)
+
+
+def cmd_carry(args: argparse.Namespace) -> None:
+    """Carry every unfinished run under --work (of the methods and seeds asked for) to --records."""
+    records = Path(args.records)
+    for out in sorted(p for p in Path(args.work).iterdir() if (p / SETTINGS_FILE).is_file()):
+        settings = json.loads((out / SETTINGS_FILE).read_text())["settings"]
+        if settings["method"] not in args.methods or settings["seed"] not in args.seeds:
+            continue
+        record = records / "runs" / f"{out.name}.json"
+        if record.is_file() and json.loads(record.read_text())["settings"] == settings:
+            print(f"{out.name}: finished (its record is written), nothing to carry", flush=True)
+            continue
+        if not latest_step(out):
+            print(f"{out.name}: no checkpoint yet, nothing to carry", flush=True)
+            continue
+        size = carry_run(out, records / CARRY_DIR / out.name)
+        print(f"{out.name}: step {latest_step(out)} of {settings['steps']} carried to "
+              f"{records / CARRY_DIR / out.name} ({size / 2**20:.1f} MiB): commit it", flush=True)
 
 
 def run_one(args: argparse.Namespace, settings: dict, provenance: Provenance, start: dict) -> dict:
@@ -127,8 +228,10 @@ def run_one(args: argparse.Namespace, settings: dict, provenance: Provenance, st
     from trace_core.training.config import TrainConfig
     from trace_core.training.trainer import Trainer
 
-    out = Path(args.work) / f"{settings['method']}-seed{settings['seed']}"
-    claim_run_folder(out, provenance.commit, settings)
+    name = run_name(settings)
+    out = Path(args.work) / name
+    restore_carried(Path(args.records) / CARRY_DIR / name, out, settings)
+    sittings = claim_run(out, provenance, settings)
     cfg = load_config(TrainConfig, None, overrides(args, settings, out))
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
@@ -138,7 +241,8 @@ def run_one(args: argparse.Namespace, settings: dict, provenance: Provenance, st
                           json.loads((out / "heldout" / f"step{s:05d}.json").read_text())["successes"]}
                          for s in settings["heldout_at"]]
     return {"format": RECORD_FORMAT, "method": settings["method"], "seed": settings["seed"],
-            "commit": provenance.commit, "dirty": provenance.dirty, "settings": settings,
+            "commit": sittings[0]["commit"], "dirty": any(x["dirty"] for x in sittings), "sittings": sittings,
+            "settings": settings,
             "steps": {name: [float(x) for x in history.get(key, [])] for name, key in STEP_KEYS.items()},
             "heldout": heldout, "wall_s": time.perf_counter() - t0}
 
@@ -166,6 +270,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 continue
             record = run_one(args, settings, provenance, start)
             write_json(path, record)
+            shutil.rmtree(records / CARRY_DIR / run_name(settings), ignore_errors=True)  # the record replaces it
             row = summarise(record)
             print(f"{method} seed {seed}: held-out {row['start']:.3f} -> {row['end']:.3f}, gain {row['gain']:+.4f} "
                   f"± {row['gain_se']:.4f} ({record['wall_s']:.0f} s) -> {path}", flush=True)
@@ -277,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "spaced (each costs k rollouts of every held-out question)")
     run.add_argument("--work", default="runs/bench_real_learning", help="run folders (checkpoints; not committed)")
     run.add_argument("--records", default="bench/results/real_learning_pilot", help="the committed records")
+    carry = sub.add_parser("carry", help="copy each unfinished run's resume state to RECORDS/carry/ (to commit: a "
+                           "later run on another machine resumes from it)")
+    carry.add_argument("--methods", nargs="+", default=["grpo"])
+    carry.add_argument("--seeds", type=int, nargs="+", default=[0])
+    carry.add_argument("--work", default="runs/bench_real_learning", help="run folders")
+    carry.add_argument("--records", default="bench/results/real_learning_pilot", help="the committed records")
     table = sub.add_parser("table", help="recompute the table from the records alone")
     table.add_argument("--records", default="bench/results/real_learning_pilot")
     table.add_argument("--no-plot", action="store_true")
@@ -290,6 +401,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--steps and --measurements must be >= 1 and --heldout-k >= 2, got {args.steps}, "
                              f"{args.measurements}, {args.heldout_k}")
         cmd_run(args)
+    elif args.command == "carry":
+        cmd_carry(args)
     else:
         cmd_table(args)
 

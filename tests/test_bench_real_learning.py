@@ -72,3 +72,61 @@ def test_adapters_are_a_setting_of_the_run_only_when_asked_for(tmp_path, rank):
     assert ("lora_rank" in settings) == bool(rank)  # full fine-tuning's records keep their settings
     config = load_config(TrainConfig, None, rl.overrides(args, settings, tmp_path / "out"))
     assert (config.policy.lora is None) if not rank else (config.policy.lora.rank, config.policy.lora.alpha) == (8, 16)
+
+
+def _checkpointed_run(out: Path, settings: dict, step: int) -> None:
+    """A run folder as the trainer leaves it after ``step``: two checkpoints, the figures, a tree file."""
+    for s in (step - 1, step):
+        ckpt = out / "checkpoints" / f"step_{s:06d}"
+        (ckpt / "policy" / "policy").mkdir(parents=True)
+        (ckpt / "policy" / "policy" / "mp_rank_00_model_states.pt").write_bytes(bytes([s]) * 64)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"step": s}))
+    (out / "checkpoints" / "latest").write_text(f"step_{step:06d}")
+    (out / "heldout").mkdir()
+    (out / "heldout" / "step00001.json").write_text("{}")
+    (out / "trees").mkdir()
+    (out / "trees" / "step00001.jsonl.gz").write_bytes(b"x" * 32)
+    for name in ("step_history.jsonl", "mlflow.db", "run_identity.json"):
+        (out / name).write_text(name)
+
+
+def test_an_unfinished_run_is_carried_to_the_records_and_resumed_from_them_on_another_machine(tmp_path, capsys):
+    settings = {"method": "grpo", "seed": 0, "steps": 30}
+    work, records = tmp_path / "work", tmp_path / "records"
+    out = work / "grpo-seed0"
+    first = rl.claim_run(out, rl.Provenance("c1", False), settings)
+    assert first == [{"commit": "c1", "dirty": False, "from_step": 0}]
+    _checkpointed_run(out, settings, step=5)
+    rl.cmd_carry(rl.build_parser().parse_args(["carry", "--work", str(work), "--records", str(records)]))
+    assert "step 5 of 30 carried" in capsys.readouterr().out
+    carried = records / rl.CARRY_DIR / "grpo-seed0"
+    held = {p.relative_to(carried).as_posix() for p in carried.rglob("*") if p.is_file()}
+    assert "checkpoints/step_000005/policy/policy/mp_rank_00_model_states.pt" in held
+    assert not any(h.startswith(("checkpoints/step_000004", "trees/")) for h in held)  # the last checkpoint only
+    assert {"checkpoints/latest", "heldout/step00001.json", "mlflow.db", "step_history.jsonl",
+            rl.SETTINGS_FILE, rl.SITTINGS_FILE} <= held
+    # another machine: no work folder; the next sitting restores the carried state and resumes it
+    shutil.rmtree(work)
+    rl.restore_carried(carried, out, settings)
+    sittings = rl.claim_run(out, rl.Provenance("c2", True), settings)
+    assert rl.latest_step(out) == 5 and sittings[-1] == {"commit": "c2", "dirty": True, "from_step": 5}
+    # a work folder ahead of the carried state keeps its own; other settings never take it
+    _more = out / "checkpoints" / "latest"
+    _more.write_text("step_000007")
+    rl.restore_carried(carried, out, settings)
+    assert rl.latest_step(out) == 7
+    other = tmp_path / "other"
+    rl.restore_carried(carried, other, {**settings, "seed": 1})
+    assert not other.exists()
+    # other settings in the folder: it starts over
+    assert rl.claim_run(out, rl.Provenance("c3", False), {**settings, "steps": 40})[-1]["from_step"] == 0
+    assert not (out / "checkpoints").exists()
+
+
+def test_a_full_fine_tuning_checkpoint_is_too_large_to_carry(tmp_path, monkeypatch):
+    out = tmp_path / "grpo-seed0"
+    rl.claim_run(out, rl.Provenance("c1", False), {"method": "grpo", "seed": 0, "steps": 30})
+    _checkpointed_run(out, {}, step=2)
+    monkeypatch.setattr(rl, "CARRY_LIMIT_BYTES", 100)
+    with pytest.raises(SystemExit, match="--lora-rank"):
+        rl.carry_run(out, tmp_path / "carry")
