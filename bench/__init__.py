@@ -18,6 +18,15 @@ THREADS_DEFAULTED = tuple(v for v in THREAD_VARIABLES if v not in os.environ)
 for _var in THREADS_DEFAULTED:
     os.environ[_var] = "1"
 
+
+def use_every_core() -> None:
+    """For a benchmark that is the machine's one heavy job (the real policy's measurements and its
+    learning runs, where vLLM's generation and the policy update take hours): the thread variables
+    this package set to 1 are set to the machine's core count (one a caller set stays). Call it
+    before numpy or torch is imported: both read the variables when they load."""
+    for var in THREADS_DEFAULTED:
+        os.environ[var] = str(os.cpu_count() or 1)
+
 # Offline: every model, tokenizer and index a benchmark loads is built here or committed; nothing
 # is downloaded.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

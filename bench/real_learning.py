@@ -53,6 +53,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import use_every_core
 from bench.harness import Provenance, save_figure, write_json
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the policy trains on the CPU (DeepSpeed reads this)
@@ -157,7 +158,8 @@ def claim_run(out: Path, provenance: Provenance, settings: dict) -> list[dict]:
         started.write_text(json.dumps({"commit": provenance.commit, "settings": settings}))
     file = out / SITTINGS_FILE
     sittings = json.loads(file.read_text()) if file.is_file() else []
-    sittings.append({"commit": provenance.commit, "dirty": provenance.dirty, "from_step": latest_step(out)})
+    sittings.append({"commit": provenance.commit, "dirty": provenance.dirty, "from_step": latest_step(out),
+                     "started": time.time()})
     file.write_text(json.dumps(sittings, indent=1))
     return sittings
 
@@ -177,7 +179,14 @@ def carried_files(out: Path) -> list[Path]:
 
 
 def carry_run(out: Path, carry: Path) -> int:
-    """Replace ``carry`` with the resume state of the run in ``out``; its size in bytes."""
+    """Replace ``carry`` with the resume state of the run in ``out``; its size in bytes. The sitting
+    that ran it is closed at its last checkpoint: its wall time runs to that checkpoint (what came
+    after is done again by the next sitting)."""
+    sittings_file = out / SITTINGS_FILE
+    sittings = json.loads(sittings_file.read_text())
+    pointer = out / "checkpoints" / "latest"
+    sittings[-1].update(to_step=latest_step(out), wall_s=pointer.stat().st_mtime - sittings[-1]["started"])
+    sittings_file.write_text(json.dumps(sittings, indent=1))
     files = carried_files(out)
     size = sum((out / f).stat().st_size for f in files)
     if size > CARRY_LIMIT_BYTES:
@@ -233,9 +242,9 @@ def run_one(args: argparse.Namespace, settings: dict, provenance: Provenance, st
     restore_carried(Path(args.records) / CARRY_DIR / name, out, settings)
     sittings = claim_run(out, provenance, settings)
     cfg = load_config(TrainConfig, None, overrides(args, settings, out))
-    t0 = time.perf_counter()
     trainer = Trainer(cfg)
     trainer.run()
+    sittings[-1].update(to_step=settings["steps"], wall_s=time.time() - sittings[-1]["started"])
     history = trainer.state.history
     heldout = [start] + [{"step": s, "samples": settings["heldout_k"], "successes":
                           json.loads((out / "heldout" / f"step{s:05d}.json").read_text())["successes"]}
@@ -244,7 +253,8 @@ def run_one(args: argparse.Namespace, settings: dict, provenance: Provenance, st
             "commit": sittings[0]["commit"], "dirty": any(x["dirty"] for x in sittings), "sittings": sittings,
             "settings": settings,
             "steps": {name: [float(x) for x in history.get(key, [])] for name, key in STEP_KEYS.items()},
-            "heldout": heldout, "wall_s": time.perf_counter() - t0}
+            "heldout": heldout, "wall_s": sum(x["wall_s"] for x in sittings),  # to each sitting's last checkpoint
+            "threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -397,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "run":
+        use_every_core()  # before torch loads: a run is the machine's one heavy job
         if args.steps < 1 or args.measurements < 1 or args.heldout_k < 2:
             raise SystemExit(f"--steps and --measurements must be >= 1 and --heldout-k >= 2, got {args.steps}, "
                              f"{args.measurements}, {args.heldout_k}")

@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from bench import use_every_core
 
 ENGINE_KV_BYTES = 4 << 30
 
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     policy = args.out / "policy"
     if not (policy / "config.json").is_file():
         raise SystemExit(f"{policy} holds no policy: run python -m trace_core.warmstart.pretrained --out {args.out}")
-    import torch
+    use_every_core()  # before torch loads: the one heavy job on the machine
 
     from bench.harness import git_commit, tree_is_dirty, verdict
     from trace_core.metrics import pass_at_1
@@ -133,7 +136,6 @@ def main(argv: list[str] | None = None) -> None:
     from trace_core.warmstart.pretrained import PRETRAINED_AGENT
     from trace_core.warmstart.testbed import Spread, file_digest
 
-    torch.set_num_threads(1)
     t0 = time.perf_counter()
     report = json.loads((args.out / "report.json").read_text())
     pool_tasks = load_tasks(args.out / "tasks" / "pool.jsonl")
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         "heldout": {"samples": args.heldout_k, "pass_at_1": held.value, "se": held.se, "questions": held.questions,
                     "breakdown": breakdown(held_counts, args.heldout_k, held_tasks), "successes": held_counts,
                     **held_cost},
-        "aims": aims, "wall_s": time.perf_counter() - t0,
+        "aims": aims, "wall_s": time.perf_counter() - t0, "threads": os.environ.get("OMP_NUM_THREADS"),
     }
     print(f"policy {result['policy']['weights_digest']} (from {result['policy']['source']['filename']}, "
           f"sha256 {result['policy']['source']['sha256'][:16]})")
