@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         "commit": git_commit(), "dirty": tree_is_dirty(),
         "policy": {"source": asdict(read_source(policy)), "weights_digest":
                    file_digest(sorted(policy.glob("*.safetensors")))},
-        "task": report["config"]["chains"], "sft": report["sft"],
+        "task": report["config"]["chains"], "sft": report["sft"], "sft_config": report["config"]["sft"],
         "pool": {**spread.to_json(), "grpo_effective_ratio": spread.grpo_effective_ratio, "breakdown": pool_break,
                  **pool_cost},
         "heldout": {"samples": args.heldout_k, "pass_at_1": held.value, "se": held.se, "questions": held.questions,

