@@ -110,8 +110,10 @@ def run_settings(method: str, seed: int, args: argparse.Namespace, identity: dic
             "expansion_N": args.expansion_N, "group_size_G": args.group_size, "max_m": args.max_m,
             "heldout_k": args.heldout_k, "dtype": args.dtype,
             "heldout_at": measure_steps(args.steps, args.measurements), "policy": identity["weights_digest"],
-            # adapters change what trains: named only when used, so full fine-tuning's records keep their settings
-            **({"lora_rank": args.lora_rank} if args.lora_rank else {})}
+            # adapters change what trains, a curve's k what it measures: each named only when used, so
+            # the earlier records keep their settings
+            **({"lora_rank": args.lora_rank} if args.lora_rank else {}),
+            **({"curve_k": args.curve_k} if args.curve_k else {})}
 
 
 def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
@@ -129,6 +131,7 @@ def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
         f"agent.max_total_tokens={a.max_total_tokens}", f"engine.max_model_len={a.max_total_tokens}",
         "engine.kv_cache_mb=4096", "predictor.vocab_size=49152", "predictor.task_family=math",
         f"heldout.task_file={warm / 'tasks' / 'heldout.jsonl'}", f"heldout.samples={settings['heldout_k']}",
+        f"heldout.curve_samples={settings.get('curve_k', 0)}",
         f"heldout.at_steps={[s for s in settings['heldout_at'] if s < settings['steps']]}", "heldout.at_end=true",
         # a tracking store per run: it travels with the run's carried state
         f"tracking.tracking_uri=sqlite:///{out.resolve() / 'mlflow.db'}",
@@ -246,9 +249,8 @@ def run_one(args: argparse.Namespace, settings: dict, provenance: Provenance, st
     trainer.run()
     sittings[-1].update(to_step=settings["steps"], wall_s=time.time() - sittings[-1]["started"])
     history = trainer.state.history
-    heldout = [start] + [{"step": s, "samples": settings["heldout_k"], "successes":
-                          json.loads((out / "heldout" / f"step{s:05d}.json").read_text())["successes"]}
-                         for s in settings["heldout_at"]]
+    measured = {s: json.loads((out / "heldout" / f"step{s:05d}.json").read_text()) for s in settings["heldout_at"]}
+    heldout = [start] + [{"step": s, "samples": m["samples"], "successes": m["successes"]} for s, m in measured.items()]
     return {"format": RECORD_FORMAT, "method": settings["method"], "seed": settings["seed"],
             "commit": sittings[0]["commit"], "dirty": any(x["dirty"] for x in sittings), "sittings": sittings,
             "settings": settings,
@@ -388,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(0: full fine-tuning); a run's checkpoint then holds only the adapters and their "
                           "optimizer state")
     run.add_argument("--heldout-k", type=int, default=4, help="samples per held-out question (the start's k)")
+    run.add_argument("--curve-k", type=int, default=0, help="samples per held-out question at the measurements "
+                     "before the last (0: --heldout-k); the last is always at --heldout-k, paired with the start")
     run.add_argument("--measurements", type=int, default=1, help="held-out measurements after the start, evenly "
                      "spaced (each costs k rollouts of every held-out question)")
     run.add_argument("--work", default="runs/bench_real_learning", help="run folders (checkpoints; not committed)")
@@ -408,9 +412,9 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         use_every_core()  # before torch loads: a run is the machine's one heavy job
-        if args.steps < 1 or args.measurements < 1 or args.heldout_k < 2:
-            raise SystemExit(f"--steps and --measurements must be >= 1 and --heldout-k >= 2, got {args.steps}, "
-                             f"{args.measurements}, {args.heldout_k}")
+        if args.steps < 1 or args.measurements < 1 or args.heldout_k < 2 or args.curve_k == 1 or args.curve_k < 0:
+            raise SystemExit(f"--steps and --measurements must be >= 1, --heldout-k >= 2 and --curve-k 0 or >= 2, got "
+                             f"{args.steps}, {args.measurements}, {args.heldout_k}, {args.curve_k}")
         cmd_run(args)
     elif args.command == "carry":
         cmd_carry(args)

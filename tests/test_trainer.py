@@ -253,9 +253,10 @@ def test_capped_dapo_spends_at_most_the_budget_and_counts_its_dropped_groups(vll
 
 def test_heldout_pass_at_1_is_measured_at_its_steps_on_questions_outside_the_pool(vllm_engine, tiny_models, server,
                                                                                   tmp_path) -> None:
-    """The held-out measurement: k rollouts of every held-out question before step 0 and after the
-    last step, one sampling seed (the same policy gives the same counts), its counts on disk and
-    its pass@1 in MLflow; a held-out file sharing a question with the pool is refused up front.
+    """The held-out measurement: k rollouts of every held-out question before step 0 (the curve's
+    k) and after the last step (the end's k), one sampling seed (the same policy gives the same
+    counts), its counts on disk and its pass@1 in MLflow; a held-out file sharing a question with
+    the pool is refused up front.
     Pool success, measured beside it, is the mean over the pool of each prompt's success share."""
     from mlflow.tracking import MlflowClient
 
@@ -271,7 +272,8 @@ def test_heldout_pass_at_1_is_measured_at_its_steps_on_questions_outside_the_poo
     overrides = [o for o in tiny_overrides(tiny_models[0], tmp_path / "run", server.uri, "grpo")
                  if not o.startswith("task.")] + [
         "task.family=math", f"task.train_file={files['pool']}", "predictor.task_family=math",
-        "pool_success.samples=2", f"heldout.task_file={files['heldout']}", "heldout.samples=2", "heldout.at_steps=[0]"]
+        "heldout.curve_samples=2", "pool_success.samples=2", f"heldout.task_file={files['heldout']}",
+        "heldout.samples=3", "heldout.at_steps=[0]"]
     cfg = load_config(TrainConfig, None, overrides)
     try:
         summary = Trainer(cfg, engine=vllm_engine).run()
@@ -279,9 +281,12 @@ def test_heldout_pass_at_1_is_measured_at_its_steps_on_questions_outside_the_poo
         vllm_engine.load_weights(str(tiny_models[0]))
     assert [r["step"] for r in summary["heldout"]] == [0.0, 1.0]
     start = json.loads((tmp_path / "run" / "heldout" / "step00000.json").read_text())
+    # before the end at heldout.curve_samples = 2, the end at heldout.samples = 3
     assert sorted(start["successes"]) == sorted(e.id for e in split["heldout"]) and start["samples"] == 2
     assert start["rollouts"] == 10 and all(0 <= c <= 2 for c in start["successes"].values())
     assert start["pass_at_1"] == sum(start["successes"].values()) / 10
+    end = json.loads((tmp_path / "run" / "heldout" / "step00001.json").read_text())
+    assert end["samples"] == 3 and end["rollouts"] == 15 and end["pass_at_1"] == sum(end["successes"].values()) / 15
     metrics = MlflowClient(server.uri).get_metric_history(summary["run_id"], "heldout/pass_at_1")
     assert sorted(m.step for m in metrics) == [0, 1]
     pool = json.loads((tmp_path / "run" / "pool_success" / "step00000.json").read_text())

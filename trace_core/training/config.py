@@ -163,6 +163,11 @@ class HeldoutConfig:
     task_file: str | None = None  # normalized JSONL of the held-out questions (None: not measured)
     samples: int = 4  # k rollouts per held-out question (>= 2)
     at_steps: list[int] = field(default_factory=lambda: [0])  # measured before these steps (0 = the start)
+    # k of the measurements at ``at_steps`` (0: ``samples``; else >= 2, the executor's smallest
+    # group); the end's is always ``samples``. A curve measured every tenth of a run at k = 2 costs
+    # half of one at k = 4: its points use each question's first two request seeds, the very ones
+    # of the end's first two samples
+    curve_samples: int = 0
     at_end: bool = True  # and after the last step
     seed: int = 0  # the measurement's sampling seed (derive_seed("heldout", seed), as bench/real_policy's)
 
@@ -171,6 +176,13 @@ class HeldoutConfig:
             raise ValueError(f"heldout.samples must be >= 2, got {self.samples}")
         if any(s < 0 for s in self.at_steps):
             raise ValueError(f"heldout.at_steps must be steps >= 0, got {self.at_steps}")
+        if self.curve_samples < 0 or self.curve_samples == 1:
+            raise ValueError(f"heldout.curve_samples must be 0 (heldout.samples) or >= 2, got {self.curve_samples}")
+
+    def samples_at(self, step: int, last_step: int) -> int:
+        """k of the measurement after ``step`` updates of a run of ``last_step`` steps."""
+        at_end = self.at_end and step == last_step
+        return self.samples if at_end or not self.curve_samples else self.curve_samples
 
 
 @dataclass

@@ -396,14 +396,15 @@ class Trainer:
         """Held-out pass@1 after ``step`` updates (:class:`HeldoutConfig`); the per-question success
         counts go to ``heldout/step<step>.json``."""
         h = self.cfg.heldout
-        measured = measure_success(self.executor, self._heldout_tasks, h.samples, derive_seed("heldout", h.seed))
+        k = h.samples_at(step, self.cfg.steps)
+        measured = measure_success(self.executor, self._heldout_tasks, k, derive_seed("heldout", h.seed))
         successes, stats = measured.successes, measured.rollouts.stats
-        p = pass_at_1(successes, h.samples)
+        p = pass_at_1(successes, k)
         print(f"progress: {self.cfg.method} held-out pass@1 after {step} steps: {p.value:.3f} ± {p.se:.3f} "
               f"({stats.trajectories} rollouts)", flush=True)
         record = {"step": float(step), "pass_at_1": p.value, "se": p.se, "questions": float(p.questions),
                   "rollouts": float(stats.trajectories), "generated_tokens": float(stats.generated_tokens)}
-        self._keep_measurement("heldout", step, record, {"samples": h.samples, "successes": successes},
+        self._keep_measurement("heldout", step, record, {"samples": k, "successes": successes},
                                {"heldout/pass_at_1": p.value, "heldout/se": p.se}, self.state.heldout)
         return record
 
