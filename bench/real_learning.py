@@ -7,7 +7,9 @@ pool with the sandboxed Python tool. The measure is **held-out pass@1**: k sampl
 held-out questions (in neither the pool nor the warm start), one request seed for every method and
 measurement, so two policies are compared question by question
 (:func:`trace_core.metrics.paired_pass_difference`). The trainer measures it itself at the steps
-asked (``heldout`` in :class:`~trace_core.training.config.TrainConfig`).
+asked (``heldout`` in :class:`~trace_core.training.config.TrainConfig`): ``--measurements`` evenly
+spaced, the last at ``--heldout-k`` (paired with the start), the ones before it at ``--curve-k``
+when given (a curve every tenth of a run at k = 2 costs what five points at k = 4 do).
 
 **The start is shared.** ``bench/results/real_policy.json`` holds the warm-started policy's
 held-out counts under the same request seeds; a run on a policy of the same weights digest takes
@@ -38,6 +40,10 @@ Examples:
 
     python -m bench.real_learning run --methods grpo --seeds 0 --steps 30 --lr 5e-6 \\
         --records bench/results/real_learning_pilot           # a pilot on GRPO
+    python -m bench.real_learning run --methods grpo --seeds 0 --steps 30 --lr 8e-4 --lora-rank 8 \\
+        --dtype float32 --measurements 10 --curve-k 2 --warm runs/smollm2-lora16 \\
+        --start bench/results/real_policy-lora16.json \\
+        --records bench/results/real_learning_pilot_lora8     # adapters on the LoRA warm start
     python -m bench.real_learning table --records bench/results/real_learning_pilot
     python -m bench.real_learning carry --methods grpo --seeds 0 \\
         --records bench/results/real_learning_pilot           # before the machine goes: commit the carry
