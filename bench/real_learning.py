@@ -41,7 +41,7 @@ Examples:
     python -m bench.real_learning run --methods grpo --seeds 0 --steps 30 --lr 5e-6 \\
         --records bench/results/real_learning_pilot           # a pilot on GRPO
     python -m bench.real_learning run --methods grpo --seeds 0 --steps 30 --lr 8e-4 --lora-rank 8 \\
-        --dtype float32 --measurements 10 --curve-k 2 --warm runs/smollm2-lora16 \\
+        --dtype float32 --measurements 5 --curve-k 2 --warm runs/smollm2-lora16 \\
         --start bench/results/real_policy-lora16.json \\
         --records bench/results/real_learning_pilot_lora8     # adapters on the LoRA warm start
     python -m bench.real_learning table --records bench/results/real_learning_pilot
