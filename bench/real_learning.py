@@ -191,21 +191,25 @@ def carry_run(out: Path, carry: Path) -> int:
     """Replace ``carry`` with the resume state of the run in ``out``; its size in bytes. The sitting
     that ran it is closed at its last checkpoint: its wall time runs to that checkpoint (what came
     after is done again by the next sitting)."""
+    from trace_core.training.policy import drop_untrained_weights
+
     sittings_file = out / SITTINGS_FILE
     sittings = json.loads(sittings_file.read_text())
     pointer = out / "checkpoints" / "latest"
     sittings[-1].update(to_step=latest_step(out), wall_s=pointer.stat().st_mtime - sittings[-1]["started"])
     sittings_file.write_text(json.dumps(sittings, indent=1))
-    files = carried_files(out)
-    size = sum((out / f).stat().st_size for f in files)
+    shutil.rmtree(carry, ignore_errors=True)
+    for f in carried_files(out):
+        (carry / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(out / f, carry / f)
+    for states in carry.rglob("*model_states.pt"):
+        drop_untrained_weights(states)  # a checkpoint written before the policy dropped them itself
+    size = sum(f.stat().st_size for f in carry.rglob("*") if f.is_file())
     if size > CARRY_LIMIT_BYTES:
+        shutil.rmtree(carry)
         raise SystemExit(f"{out}: its resume state is {size / 2**20:.0f} MiB, above the {CARRY_LIMIT_BYTES >> 20} "
                          "MiB a commit should hold (a full fine-tuning checkpoint?): train adapters (--lora-rank) "
                          "to carry a run between sittings")
-    shutil.rmtree(carry, ignore_errors=True)
-    for f in files:
-        (carry / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(out / f, carry / f)
     return size
 
 

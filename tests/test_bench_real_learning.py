@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import real_learning as rl
 
@@ -79,7 +80,10 @@ def _checkpointed_run(out: Path, settings: dict, step: int) -> None:
     for s in (step - 1, step):
         ckpt = out / "checkpoints" / f"step_{s:06d}"
         (ckpt / "policy" / "policy").mkdir(parents=True)
-        (ckpt / "policy" / "policy" / "mp_rank_00_model_states.pt").write_bytes(bytes([s]) * 64)
+        # what DeepSpeed writes with adapters: the trained weights and a tied frozen one it let through
+        torch.save({"param_shapes": [{"a.lora_A": (2, 3)}], "module": {"a.lora_A": torch.full((2, 3), float(s)),
+                                                                        "lm_head.weight": torch.zeros(50, 3)}},
+                   ckpt / "policy" / "policy" / "mp_rank_00_model_states.pt")
         (ckpt / "trainer_state.json").write_text(json.dumps({"step": s}))
     (out / "checkpoints" / "latest").write_text(f"step_{step:06d}")
     (out / "heldout").mkdir()
@@ -106,6 +110,8 @@ def test_an_unfinished_run_is_carried_to_the_records_and_resumed_from_them_on_an
     assert not any(h.startswith(("checkpoints/step_000004", "trees/")) for h in held)  # the last checkpoint only
     assert {"checkpoints/latest", "heldout/step00001.json", "mlflow.db", "step_history.jsonl",
             rl.SETTINGS_FILE, rl.SITTINGS_FILE} <= held
+    module = torch.load(carried / "checkpoints/step_000005/policy/policy/mp_rank_00_model_states.pt")["module"]
+    assert list(module) == ["a.lora_A"] and module["a.lora_A"].eq(5.0).all()  # the frozen weight left behind
     # another machine: no work folder; the next sitting restores the carried state and resumes it
     shutil.rmtree(work)
     rl.restore_carried(carried, out, settings)

@@ -177,7 +177,14 @@ def test_with_adapters_only_they_train_the_engine_gets_merged_weights_and_a_chec
     from trace_core.training.policy import PolicyOptimizer, PolicyTrainConfig
 
     config = PolicyTrainConfig(lr=1e-2, zero_stage=2, micro_batches=2, lora=LoraConfig(rank=4, alpha=8.0))
+    # tied input and output embeddings, as SmolLM2's: a tied frozen weight must stay out of the checkpoint too
+    tied = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tied.config.tie_word_embeddings = True
+    tied.tie_weights()
+    tied.save_pretrained(tmp_path / "tied")
+    model_dir = tmp_path / "tied"
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    assert base["lm_head.weight"].data_ptr() == base["model.embed_tokens.weight"].data_ptr()
     opt = PolicyOptimizer(str(model_dir), config)
     try:
         trees, adv = synthetic_trees(int(opt.engine.module.config.vocab_size))
@@ -205,6 +212,9 @@ def test_with_adapters_only_they_train_the_engine_gets_merged_weights_and_a_chec
         adapters = sum(p.numel() * p.element_size() for m in adapted.modules() if isinstance(m, LoraLinear)
                        for p in (m.lora_A, m.lora_B))
         assert saved < full and saved < 6 * adapters + (1 << 16)  # weights + two Adam moments, and headers
+        (states,) = (tmp_path / "ckpt" / "policy").glob("*model_states.pt")
+        trained = {n for n, p in opt.engine.module.named_parameters() if p.requires_grad}
+        assert set(torch.load(states, map_location="cpu", weights_only=False)["module"]) == trained
     finally:
         opt.engine.destroy()
     resumed = PolicyOptimizer(str(model_dir), config)

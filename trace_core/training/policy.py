@@ -291,6 +291,9 @@ class PolicyOptimizer:
         ones: the frozen base is the starting model's, which a resume loads first."""
         self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"updates": self.updates},
                                     exclude_frozen_parameters=self.config.lora is not None)
+        if self.config.lora is not None and self.rank == 0:
+            for states in sorted((Path(ckpt_dir) / tag).glob("*model_states.pt")):
+                drop_untrained_weights(states)
 
     def load_checkpoint(self, ckpt_dir: str | Path, tag: str) -> None:
         _, client = self.engine.load_checkpoint(str(ckpt_dir), tag=tag,
@@ -298,6 +301,26 @@ class PolicyOptimizer:
         if client is None:
             raise ValueError(f"no policy checkpoint {tag!r} under {ckpt_dir}")
         self.updates = int(client.get("updates", 0))
+
+
+def drop_untrained_weights(model_states: str | Path) -> int:
+    """Rewrite a DeepSpeed model-states file with only the weights its optimizer trains (the names
+    in its ``param_shapes``); the bytes dropped. A tied weight (SmolLM2's ``lm_head`` is its
+    embedding) escapes ``exclude_frozen_parameters``, whose filter walks ``named_parameters()``,
+    which lists a tied tensor once: with adapters it would put the 113 MB embedding in every
+    checkpoint. A resume loads the module non-strictly, so the base's own weights stay."""
+    path = Path(model_states)
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    trained = {name for group in state.get("param_shapes") or [] for name in group}
+    dropped = [k for k in state["module"] if k not in trained]
+    if not trained or not dropped:
+        return 0
+    size = sum(state["module"][k].numel() * state["module"][k].element_size() for k in dropped)
+    state["module"] = {k: v for k, v in state["module"].items() if k in trained}
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return size
 
 
 def _allreduce_mean(stats: dict[str, float], world: int) -> dict[str, float]:
