@@ -110,8 +110,20 @@ def measure_steps(steps: int, measurements: int) -> list[int]:
     return sorted({max(1, round(steps * i / measurements)) for i in range(1, measurements + 1)})
 
 
+def warmup_file(warm: Path) -> Path:
+    """The warm start's predictor warm-up questions (made like the pool, in no other file)."""
+    path = warm / "tasks" / "warmup.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: a method that reads the predictor warms it up on it; write it by "
+                         f"running the warm start again (python -m trace_core.warmstart.pretrained --out {warm} "
+                         "with its settings: a kept adapter is merged, not trained again)")
+    return path
+
+
 def run_settings(method: str, seed: int, args: argparse.Namespace, identity: dict) -> dict:
     """Everything a run's figures depend on besides the code."""
+    from trace_core.methods import get_method
+
     return {"method": method, "seed": seed, "steps": args.steps, "lr": args.lr, "roots_M": args.roots_M,
             "expansion_N": args.expansion_N, "group_size_G": args.group_size, "max_m": args.max_m,
             "heldout_k": args.heldout_k, "dtype": args.dtype,
@@ -119,7 +131,9 @@ def run_settings(method: str, seed: int, args: argparse.Namespace, identity: dic
             # adapters change what trains, a curve's k what it measures: each named only when used, so
             # the earlier records keep their settings
             **({"lora_rank": args.lora_rank} if args.lora_rank else {}),
-            **({"curve_k": args.curve_k} if args.curve_k else {})}
+            **({"curve_k": args.curve_k} if args.curve_k else {}),
+            # a method that reads the predictor fits it first on the warm-up split (its rollouts apart)
+            **({"warmup_k": args.warmup_k} if get_method(method).uses_predictor else {})}
 
 
 def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
@@ -144,6 +158,8 @@ def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
         "tracking.experiment=bench-real-learning", f"policy.dtype={settings['dtype']}",
         *([f"policy.lora.rank={settings['lora_rank']}", f"policy.lora.alpha={2 * settings['lora_rank']}"]
           if settings.get("lora_rank") else []),
+        *([f"predictor_warmup.task_file={warmup_file(warm)}", f"predictor_warmup.samples={settings['warmup_k']}"]
+          if settings.get("warmup_k") else []),
     ]
 
 
@@ -266,6 +282,8 @@ def run_one(args: argparse.Namespace, settings: dict, provenance: Provenance, st
             "settings": settings,
             "steps": {name: [float(x) for x in history.get(key, [])] for name, key in STEP_KEYS.items()},
             "heldout": heldout, "wall_s": sum(x["wall_s"] for x in sittings),  # to each sitting's last checkpoint
+            # the predictor's warm-up (rollouts, questions, tokens, success), apart from the training budget
+            "warmup": trainer.state.warmup,
             "threads": os.environ.get("OMP_NUM_THREADS")}
 
 
@@ -402,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--heldout-k", type=int, default=4, help="samples per held-out question (the start's k)")
     run.add_argument("--curve-k", type=int, default=0, help="samples per held-out question at the measurements "
                      "before the last (0: --heldout-k); the last is always at --heldout-k, paired with the start")
+    run.add_argument("--warmup-k", type=int, default=4, help="rollouts per warm-up question for a method that "
+                     "reads the predictor (PCL, TRACE, ...): the predictor is fitted on them before step 0")
     run.add_argument("--measurements", type=int, default=1, help="held-out measurements after the start, evenly "
                      "spaced (each costs k rollouts of every held-out question)")
     run.add_argument("--work", default="runs/bench_real_learning", help="run folders (checkpoints; not committed)")

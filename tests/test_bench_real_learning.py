@@ -139,3 +139,21 @@ def test_a_full_fine_tuning_checkpoint_is_too_large_to_carry(tmp_path, monkeypat
     monkeypatch.setattr(rl, "CARRY_LIMIT_BYTES", 100)
     with pytest.raises(SystemExit, match="--lora-rank"):
         rl.carry_run(out, tmp_path / "carry")
+
+
+def test_a_method_that_reads_the_predictor_warms_it_up_on_the_warm_starts_own_split(tmp_path):
+    from trace_core.config import load_config
+    from trace_core.training.config import TrainConfig
+
+    args = rl.build_parser().parse_args(["run", "--warm", str(tmp_path), "--warmup-k", "2"])
+    grpo = rl.run_settings("grpo", 0, args, {"weights_digest": "d"})
+    trace = rl.run_settings("trace", 0, args, {"weights_digest": "d"})
+    assert "warmup_k" not in grpo and trace["warmup_k"] == 2  # GRPO's settings (and its resumes) unchanged
+    with pytest.raises(SystemExit, match="warmup.jsonl is missing"):
+        rl.overrides(args, trace, tmp_path / "out")
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "warmup.jsonl").write_text("")
+    config = load_config(TrainConfig, None, rl.overrides(args, trace, tmp_path / "out"))
+    assert config.predictor_warmup.task_file == str(tmp_path / "tasks" / "warmup.jsonl")
+    assert config.predictor_warmup.samples == 2
+    assert load_config(TrainConfig, None, rl.overrides(args, grpo, tmp_path / "out")).predictor_warmup.task_file is None

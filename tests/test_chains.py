@@ -12,7 +12,7 @@ from trace_core.envs.registry import example_to_task
 from trace_core.warmstart.experts import MathExpert
 from trace_core.warmstart.tools import run_trusted_python
 
-SMALL = ChainConfig(n_warm=60, n_pool=40, n_heldout=60)
+SMALL = ChainConfig(n_warm=60, n_pool=40, n_heldout=60, n_warmup=30)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_chained_parts_run_one_after_another_to_the_answer(groups):
 def test_splits_are_disjoint_and_the_warm_split_shows_only_seen_wordings_and_shallow_chains(groups):
     prompts = [e.prompt for examples in groups.values() for e in examples]
     assert len(prompts) == len(set(prompts))
-    assert [len(groups[g]) for g in ("warm", "pool", "heldout")] == [60, 40, 60]
+    assert [len(groups[g]) for g in ("warm", "pool", "heldout", "warmup")] == [60, 40, 60, 30]
     warm = groups["warm"]
     assert all(w < SMALL.seen_wordings for e in warm for w in e.metadata["wordings"])
     assert max(e.metadata["depth"] for e in warm) <= len(SMALL.warm_depths)
@@ -54,6 +54,14 @@ def test_generation_is_deterministic_and_the_seed_redraws_it(groups):
     assert [e.to_record() for e in again["pool"]] == [e.to_record() for e in groups["pool"]]
     other = generate(dataclasses.replace(SMALL, seed=1))
     assert other["pool"][0].prompt != groups["pool"][0].prompt
+    # the predictor's warm-up split is drawn last: its size changes no other group (the questions a
+    # committed measurement names stay the same), and it is made like the pool
+    without = generate(dataclasses.replace(SMALL, n_warmup=0))
+    assert without["warmup"] == [] and all([e.to_record() for e in without[g]] == [e.to_record() for e in groups[g]]
+                                           for g in ("warm", "pool", "heldout"))
+    assert max(e.metadata["depth"] for e in groups["warmup"]) == len(SMALL.depths)
+    assert any(e.metadata["unseen_wordings"] for e in groups["warmup"]) and {e.split for e in groups["warmup"]} == {
+        "train"}
 
 
 def test_a_chained_question_names_the_previous_answer_and_its_programs_take_it():

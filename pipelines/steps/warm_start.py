@@ -133,9 +133,6 @@ def sft_config(data_dir: str, index_dir: str, cfg: dict[str, Any], agent: dict[s
     )
 
 
-PRETRAINED_WARMUP_QUESTIONS = 64  # the predictor's warm-up: the first demonstrated questions
-
-
 def pretrained_config(cfg: dict[str, Any], agent: dict[str, Any], out_dir: str):
     """The ``PretrainedWarmStartConfig`` of the ``warm_start`` section ``cfg``: its own defaults,
     the chained problems drawn with ``testbed_seed``, and the SFT settings ``cfg`` gives (not None)."""
@@ -154,10 +151,8 @@ def pretrained_config(cfg: dict[str, Any], agent: dict[str, Any], out_dir: str):
 
 def _pretrained_testbed_files(work: Path, cfg: dict[str, Any]) -> None:
     """The pretrained warm start's questions where the train step looks for the testbed's: the pool
-    as ``pool.jsonl``, the first demonstrated questions as ``warmup.jsonl`` (the predictor's
-    warm-up), and ``heldout.jsonl`` beside them (never shown to training)."""
+    as ``pool.jsonl``, its predictor warm-up split (made like the pool, in no other file) as
+    ``warmup.jsonl``, and ``heldout.jsonl`` beside them (never shown to training)."""
     tasks = work / "tasks"
-    copy_tree(tasks / "pool.jsonl", work / "pool.jsonl")
-    copy_tree(tasks / "heldout.jsonl", work / "heldout.jsonl")
-    lines = (tasks / "warm.jsonl").read_text().splitlines(keepends=True)
-    (work / "warmup.jsonl").write_text("".join(lines[:PRETRAINED_WARMUP_QUESTIONS]))
+    for name in ("pool.jsonl", "warmup.jsonl", "heldout.jsonl"):
+        copy_tree(tasks / name, work / name)

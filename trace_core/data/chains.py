@@ -182,13 +182,16 @@ class ChainConfig:
     n_warm: int = 480  # warm-start questions (demonstrated; never in the pool or the held-out set)
     n_pool: int = 128  # training pool (RL samples from it; pool success is measured on it)
     n_heldout: int = 320  # held-out questions (held-out pass@1 is measured on them)
+    # the success predictor's warm-up split: made like the pool (every wording and depth), in no
+    # other group; drawn last, so its size changes none of the other groups
+    n_warmup: int = 128
     seen_wordings: int = 2  # the warm start sees wordings 0 .. seen_wordings-1 of every kind
     warm_depths: tuple[float, ...] = (0.6, 0.4)  # warm-start weight of depth 1, 2, … (len = deepest warm chain)
     depths: tuple[float, ...] = (0.35, 0.4, 0.25)  # pool and held-out weight of depth 1, 2, 3, …
     seed: int = 0  # changes every draw; part of each question's random stream
 
     def __post_init__(self) -> None:
-        for name in ("n_warm", "n_pool", "n_heldout"):
+        for name in ("n_warm", "n_pool", "n_heldout", "n_warmup"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ChainConfig.{name} must be >= 0, got {getattr(self, name)}")
         n_wordings = min(len(k.wordings) for k in KINDS)
@@ -334,10 +337,12 @@ def _examples(config: ChainConfig, group: str, n: int, depths: Sequence[float], 
 
 
 def generate(config: ChainConfig = ChainConfig()) -> dict[str, list[Example]]:
-    """The three groups: ``warm`` (split train), ``pool`` (split train), ``heldout`` (split test)."""
+    """The four groups: ``warm`` (split train), ``pool`` (split train), ``heldout`` (split test) and
+    ``warmup`` (split train: the predictor's warm-up), each question in one group only."""
     seen: set[str] = set()
     all_wordings = range(min(len(k.wordings) for k in KINDS))
     warm = _examples(config, "warm", config.n_warm, config.warm_depths, range(config.seen_wordings), "train", seen)
     pool = _examples(config, "pool", config.n_pool, config.depths, all_wordings, "train", seen)
     heldout = _examples(config, "heldout", config.n_heldout, config.depths, all_wordings, "test", seen)
-    return {"warm": warm, "pool": pool, "heldout": heldout}
+    warmup = _examples(config, "warmup", config.n_warmup, config.depths, all_wordings, "train", seen)
+    return {"warm": warm, "pool": pool, "heldout": heldout, "warmup": warmup}

@@ -4,6 +4,7 @@ chained math problems.
     out/tasks/warm.jsonl      demonstrated questions (seen wordings, shallow chains)
     out/tasks/pool.jsonl      the RL training pool (every wording, chains up to the deepest depth)
     out/tasks/heldout.jsonl   held-out questions (never demonstrated, never in the pool)
+    out/tasks/warmup.jsonl    the success predictor's warm-up questions (made like the pool, in no other file)
     out/demos.jsonl           the rendered demonstrations (real sandbox observations, all correct)
     out/policy/               the fine-tuned policy (save_pretrained: vLLM, transformers, DeepSpeed load it)
     out/report.json           the source model's digest, the task config, the SFT log
@@ -37,7 +38,7 @@ PRETRAINED_SFT = SFTConfig(lr=5e-5, epochs=2.0, batch_size=8, warmup_steps=5, mi
                            autocast="auto", max_length=1024)
 # A depth-3 chain is four turns: three calls and the answer; one spare turn.
 PRETRAINED_AGENT = AgentConfig(max_turns=5, max_new_tokens=160, max_total_tokens=2048)
-TASK_FILES = ("warm", "pool", "heldout")
+TASK_FILES = ("warm", "pool", "heldout", "warmup")
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class PretrainedWarmStartConfig:
 
 
 def write_tasks(config: ChainConfig, folder: Path) -> dict[str, Path]:
-    """The three question files of ``config`` under ``folder``."""
+    """The question files of ``config`` under ``folder``, one per group (:data:`TASK_FILES`)."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name, examples in generate(config).items():
@@ -158,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm", type=int, default=d.chains.n_warm, help="demonstrated questions")
     p.add_argument("--pool", type=int, default=d.chains.n_pool, help="training-pool questions")
     p.add_argument("--heldout", type=int, default=d.chains.n_heldout, help="held-out questions")
+    p.add_argument("--warmup", type=int, default=d.chains.n_warmup,
+                   help="the success predictor's warm-up questions (drawn last: the other files do not change)")
     p.add_argument("--task-seed", type=int, default=d.chains.seed, help="seeds the questions")
     p.add_argument("--epochs", type=float, default=d.sft.epochs, help="SFT passes over the demonstrations")
     p.add_argument("--lr", type=float, default=d.sft.lr, help="SFT peak learning rate")
@@ -182,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
 
     config = PretrainedWarmStartConfig(
         out_dir=a.out,
-        chains=replace(d.chains, n_warm=a.warm, n_pool=a.pool, n_heldout=a.heldout, seed=a.task_seed),
+        chains=replace(d.chains, n_warm=a.warm, n_pool=a.pool, n_heldout=a.heldout, n_warmup=a.warmup,
+                       seed=a.task_seed),
         sft=replace(d.sft, epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, threads=a.threads,
                     progress=not a.no_progress, lora=lora),
         adapters=a.adapters)
