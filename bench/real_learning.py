@@ -66,6 +66,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the policy trains on the CPU (
 
 RECORD_FORMAT = "trace-rl/real-learning-run/1"
 START_FILE = "bench/results/real_policy.json"
+DEFAULT_MICRO_BATCHES = 2  # the policy update's own default (PolicyTrainConfig.micro_batches)
 CARRY_DIR = "carry"  # under --records: each unfinished run's resume state, committed between sittings
 SETTINGS_FILE = "bench_settings.json"  # in a run folder: the settings it was started with
 SITTINGS_FILE = "sittings.json"  # in a run folder: every sitting that ran it (commit, dirty flag, first step)
@@ -132,6 +133,8 @@ def run_settings(method: str, seed: int, args: argparse.Namespace, identity: dic
             # the earlier records keep their settings
             **({"lora_rank": args.lora_rank} if args.lora_rank else {}),
             **({"curve_k": args.curve_k} if args.curve_k else {}),
+            # packed forwards per update: memory (SmolLM2's full-vocabulary logits) against speed
+            **({"micro_batches": args.micro_batches} if args.micro_batches != DEFAULT_MICRO_BATCHES else {}),
             # a method that reads the predictor fits it first on the warm-up split (its rollouts apart)
             **({"warmup_k": args.warmup_k} if get_method(method).uses_predictor else {})}
 
@@ -152,6 +155,7 @@ def overrides(args: argparse.Namespace, settings: dict, out: Path) -> list[str]:
         "engine.kv_cache_mb=4096", "predictor.vocab_size=49152", "predictor.task_family=math",
         f"heldout.task_file={warm / 'tasks' / 'heldout.jsonl'}", f"heldout.samples={settings['heldout_k']}",
         f"heldout.curve_samples={settings.get('curve_k', 0)}",
+        f"policy.micro_batches={settings.get('micro_batches', DEFAULT_MICRO_BATCHES)}",
         f"heldout.at_steps={[s for s in settings['heldout_at'] if s < settings['steps']]}", "heldout.at_end=true",
         # a tracking store per run: it travels with the run's carried state
         f"tracking.tracking_uri=sqlite:///{out.resolve() / 'mlflow.db'}",
@@ -420,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--heldout-k", type=int, default=4, help="samples per held-out question (the start's k)")
     run.add_argument("--curve-k", type=int, default=0, help="samples per held-out question at the measurements "
                      "before the last (0: --heldout-k); the last is always at --heldout-k, paired with the start")
+    run.add_argument("--micro-batches", type=int, default=DEFAULT_MICRO_BATCHES,
+                     help="packed forwards per policy update: more use less memory (at 2, one SmolLM2 update of "
+                          "32 trajectories peaked near 18 GB)")
     run.add_argument("--warmup-k", type=int, default=4, help="rollouts per warm-up question for a method that "
                      "reads the predictor (PCL, TRACE, ...): the predictor is fitted on them before step 0")
     run.add_argument("--measurements", type=int, default=1, help="held-out measurements after the start, evenly "

@@ -157,3 +157,15 @@ def test_a_method_that_reads_the_predictor_warms_it_up_on_the_warm_starts_own_sp
     assert config.predictor_warmup.task_file == str(tmp_path / "tasks" / "warmup.jsonl")
     assert config.predictor_warmup.samples == 2
     assert load_config(TrainConfig, None, rl.overrides(args, grpo, tmp_path / "out")).predictor_warmup.task_file is None
+
+
+def test_the_policy_updates_micro_batches_are_a_setting_only_off_the_default(tmp_path):
+    from trace_core.config import load_config
+    from trace_core.training.config import TrainConfig
+
+    for given, named in ((["--micro-batches", "8"], True), ([], False)):
+        args = rl.build_parser().parse_args(["run", "--warm", str(tmp_path), *given])
+        settings = rl.run_settings("grpo", 0, args, {"weights_digest": "d"})
+        assert ("micro_batches" in settings) == named  # earlier records keep their settings
+        config = load_config(TrainConfig, None, rl.overrides(args, settings, tmp_path / "out"))
+        assert config.policy.micro_batches == (8 if named else 2)
