@@ -19,7 +19,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,53 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
 def verdict(holds: bool, figure: str = "") -> str:
     """A target's verdict as the tables write it: ``PASS`` or ``MISS``, then the figure judged."""
     return ("PASS" if holds else "MISS") + (f" {figure}" if figure else "")
+
+
+@dataclass(frozen=True)
+class CurveRun:
+    """One run's curves for :func:`log_benchmark_table`: a nested MLflow run named ``name`` with
+    ``params``, each curve a metric whose step is its cost (rounded), and ``metrics`` beside."""
+
+    name: str
+    params: dict[str, Any]
+    curves: dict[str, tuple[Any, Any]]  # metric name -> (costs, values)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def log_benchmark_table(uri: str, experiment_name: str, run_name: str, table: Path, figure: Path,
+                        summary: dict[str, float], runs: list[CurveRun]) -> str:
+    """Log a benchmark's table to the MLflow tracking server at ``uri``: one parent run with the
+    ``summary`` metrics, the table and its plot as artifacts, and one nested run per
+    :class:`CurveRun`, so the UI overlays the curves. The parent run is tagged with the table's
+    digest: logging the same table twice logs it once (returns that run's id either way)."""
+    import hashlib
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.set_experiment(experiment_name)
+    digest = hashlib.sha256(table.read_bytes()).hexdigest()[:16]
+    logged = MlflowClient(uri).search_runs([experiment.experiment_id],
+                                           f"tags.table_digest = '{digest}' and attributes.status = 'FINISHED'")
+    if logged:
+        print(f"mlflow: this table is logged already (run {logged[0].info.run_id})")
+        return logged[0].info.run_id
+    with mlflow.start_run(run_name=run_name, tags={"table_digest": digest}) as parent:
+        mlflow.log_metrics({k: float(v) for k, v in summary.items()})
+        mlflow.log_artifact(str(table))
+        if figure.is_file():
+            mlflow.log_artifact(str(figure))
+        for run in runs:
+            with mlflow.start_run(run_name=run.name, nested=True):
+                mlflow.log_params(run.params)
+                for name, (costs, values) in run.curves.items():
+                    for at, value in zip(costs, values, strict=True):
+                        mlflow.log_metric(name, float(value), step=int(round(float(at))))
+                if run.metrics:
+                    mlflow.log_metrics({k: float(v) for k, v in run.metrics.items()})
+    print(f"mlflow: logged the table and {len(runs)} curves to {uri} (run {parent.info.run_id})")
+    return parent.info.run_id
 
 
 class SharedEngine:

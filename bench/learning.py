@@ -366,48 +366,25 @@ def plot(runs: list[dict], start: dict, path: Path) -> None:
 
 
 def log_to_mlflow(uri: str, table: Path, figure: Path, runs: list[dict], start: dict) -> str:
-    """Log the table to the MLflow tracking server at ``uri`` (experiment ``bench-learning``): one
-    parent run with each method's final pool success, area and effective ratio, the table and the
-    plot as artifacts; and one nested run per record whose ``pool/success`` metric is the
-    learning curve, its step the cumulative training rollouts (``pool/success_by_tokens``: the
-    same curve, its step the cumulative generated tokens), so the UI overlays the curves. The
-    parent run is tagged with the table's digest: logging the same table twice logs it once
-    (returns that run's id either way)."""
-    import hashlib
+    """Log the table to the MLflow tracking server at ``uri`` (experiment ``bench-learning``,
+    :func:`bench.harness.log_benchmark_table`): each method's final pool success, area and
+    effective ratio on the parent run; one nested run per record whose ``pool/success`` metric is
+    the learning curve, its step the cumulative training rollouts (``pool/success_by_tokens``: the
+    same curve, its step the cumulative generated tokens), and its final held-out pass@1."""
+    from bench.harness import CurveRun, log_benchmark_table
 
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    mlflow.set_tracking_uri(uri)
-    experiment = mlflow.set_experiment("bench-learning")
-    digest = hashlib.sha256(table.read_bytes()).hexdigest()[:16]
-    client = MlflowClient(uri)
-    logged = client.search_runs([experiment.experiment_id],
-                                f"tags.table_digest = '{digest}' and attributes.status = 'FINISHED'")
-    if logged:
-        print(f"mlflow: this table is logged already (run {logged[0].info.run_id})")
-        return logged[0].info.run_id
     data = json.loads(table.read_text())
-    with mlflow.start_run(run_name="learning-table", tags={"table_digest": digest}) as parent:
-        for m, row in data["pool"].items():
-            mlflow.log_metrics({f"{m}/pool_final": row["final"], f"{m}/auc": row["area"],
-                                f"{m}/effective_ratio": data["signal"][m]["effective_ratio"]["value"]})
-        mlflow.log_artifact(str(table))
-        if figure.is_file():
-            mlflow.log_artifact(str(figure))
-        for r in runs:
-            with mlflow.start_run(run_name=f"{r['variant']}-seed{r['seed']}", nested=True):
-                mlflow.log_params({"method": r["variant"], "seed": r["seed"], "commit": r["commit"],
-                                   "dirty": r["dirty"]})
-                for axis, name in (("rollouts", "pool/success"), ("tokens", "pool/success_by_tokens")):
-                    x, y = curve(r, start, axis)
-                    for at, value in zip(x, y, strict=True):
-                        mlflow.log_metric(name, float(value), step=int(round(at)))
-                heldout = r["heldout"]
-                mlflow.log_metric("heldout/pass_at_1", float(np.mean(list(heldout["successes"].values())))
-                                  / heldout["samples"])
-    print(f"mlflow: logged the table and {len(runs)} curves to {uri} (run {parent.info.run_id})")
-    return parent.info.run_id
+    summary = {name: value for m, row in data["pool"].items()
+               for name, value in ((f"{m}/pool_final", row["final"]), (f"{m}/auc", row["area"]),
+                                   (f"{m}/effective_ratio", data["signal"][m]["effective_ratio"]["value"]))}
+    curves = [CurveRun(name=f"{r['variant']}-seed{r['seed']}",
+                       params={"method": r["variant"], "seed": r["seed"], "commit": r["commit"], "dirty": r["dirty"]},
+                       curves={"pool/success": curve(r, start, "rollouts"),
+                               "pool/success_by_tokens": curve(r, start, "tokens")},
+                       metrics={"heldout/pass_at_1": float(np.mean(list(r["heldout"]["successes"].values())))
+                                / r["heldout"]["samples"]})
+              for r in runs]
+    return log_benchmark_table(uri, "bench-learning", "learning-table", table, figure, summary, curves)
 
 
 def build_parser() -> argparse.ArgumentParser:

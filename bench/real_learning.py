@@ -61,10 +61,10 @@ from pathlib import Path
 
 from bench import use_every_core
 from bench.harness import Provenance, save_figure, write_json
+from bench.real_learning_table import RECORD_FORMAT, summarise
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the policy trains on the CPU (DeepSpeed reads this)
 
-RECORD_FORMAT = "trace-rl/real-learning-run/1"
 START_FILE = "bench/results/real_policy.json"
 DEFAULT_MICRO_BATCHES = 2  # the policy update's own default (PolicyTrainConfig.micro_batches)
 CARRY_DIR = "carry"  # under --records: each unfinished run's resume state, committed between sittings
@@ -72,7 +72,8 @@ SETTINGS_FILE = "bench_settings.json"  # in a run folder: the settings it was st
 SITTINGS_FILE = "sittings.json"  # in a run folder: every sitting that ran it (commit, dirty flag, first step)
 CARRY_LIMIT_BYTES = 200 << 20  # a resume state above this is not committed (full fine-tuning's is ~1.6 GB)
 STEP_KEYS = {"rollouts": "counts/rollouts", "generated_tokens": "budget/generated_tokens",
-             "mixed_groups": "counts/mixed_groups", "effective_ratio": "effective_ratio",
+             "activated": "counts/activated", "mixed_groups": "counts/mixed_groups",
+             "mixed_groups_trained": "counts/mixed_groups_trained", "effective_ratio": "effective_ratio",
              "reward": "reward/mean", "step_wall_s": "cost/step_s",
              # where a method's rollouts went (the reading): roots and the anchors it expanded
              "mean_m_selected": "alloc/mean_m_selected", "mean_rollouts_selected": "alloc/mean_rollouts_selected",
@@ -320,81 +321,98 @@ def cmd_run(args: argparse.Namespace) -> None:
                   f"± {row['gain_se']:.4f} ({record['wall_s']:.0f} s) -> {path}", flush=True)
 
 
-def summarise(record: dict) -> dict:
-    """A run's held-out curve and its gain from the start, paired by question."""
-    import numpy as np
-
-    from trace_core.metrics import paired_pass_difference, pass_at_1
-
-    first, last = record["heldout"][0], record["heldout"][-1]
-    gain = paired_pass_difference(last["successes"], last["samples"], first["successes"], first["samples"])
-    steps = record["steps"]
-    rollouts = [0.0, *np.cumsum(steps["rollouts"]).tolist()]
-    curve = [{"step": m["step"], "rollouts": rollouts[m["step"]],
-              "pass_at_1": pass_at_1(m["successes"], m["samples"]).value} for m in record["heldout"]]
-    return {"method": record["method"], "seed": record["seed"], "steps": record["settings"]["steps"],
-            "start": curve[0]["pass_at_1"], "end": curve[-1]["pass_at_1"], "gain": gain.value, "gain_se": gain.se,
-            "gain_in_se": gain.value / gain.se if gain.se > 0 else float("nan"),
-            # the step figures weighted by the step's rollouts: the run's share of rollouts in mixed groups
-            "effective_ratio": float(np.average(steps["effective_ratio"], weights=steps["rollouts"])),
-            "rollouts": rollouts[-1], "generated_tokens": sum(record["steps"]["generated_tokens"]),
-            "wall_s": record["wall_s"], **rollout_reading(steps), "curve": curve}
-
-
-def rollout_reading(steps: dict[str, list[float]]) -> dict[str, float]:
-    """Where a run's rollouts went, over the whole run: the share spent on continuations (a step's
-    is 1 − bare rollouts / all rollouts per selected prompt; weighted by the step's rollouts), and
-    of the anchors it expanded the share whose branch group met the opposite outcome (the prefix
-    effective ratio, pooled over the run). Empty for a record written before these step figures
-    were kept."""
-    import numpy as np
-
-    if not steps.get("mean_rollouts_selected"):
-        return {}
-    share = 1.0 - np.asarray(steps["mean_m_selected"]) / np.asarray(steps["mean_rollouts_selected"])
-    expanded = float(sum(steps["expanded_anchors"]))
-    return {"continuation_share": float(np.average(share, weights=steps["rollouts"])),
-            # None (no NaN: the table is compared as JSON) where the run expanded no anchor
-            "prefix_effective_ratio": float(sum(steps["mixed_anchors"])) / expanded if expanded else None}
-
-
-def cmd_table(args: argparse.Namespace) -> dict:
-    from bench.bench_tables import print_table
-
-    records = Path(args.records)
+def load_runs(records: Path) -> list[dict]:
     runs = [json.loads(p.read_text()) for p in sorted((records / "runs").glob("*.json"))]
     if not runs:
         raise SystemExit(f"{records}/runs holds no records: run python -m bench.real_learning run first")
-    rows = [summarise(r) for r in runs]
-    table = {"runs": rows, "settings": {r["method"] + f"-seed{r['seed']}": r["settings"] for r in runs},
-             "grpo_gain_above_3_se": {f"seed{r['seed']}": bool(r["gain_in_se"] > 3) for r in rows
-                                      if r["method"] == "grpo"},
-             "provenance": {f"{r['method']}-seed{r['seed']}": f"{r['commit']}{' (dirty)' if r['dirty'] else ''}"
-                            for r in runs}}
+    return runs
+
+
+def cmd_table(args: argparse.Namespace) -> dict:
+    from bench.real_learning_table import build_table, testbed_reading
+
+    records = Path(args.records)
+    runs = load_runs(records)
+    testbed = sorted(Path(args.testbed).glob("runs/*.json")) if args.testbed else []
+    table = build_table(runs, testbed_reading([json.loads(p.read_text()) for p in testbed]) if testbed else None)
+    table["settings"] = {f"{r['method']}-seed{r['seed']}": r["settings"] for r in runs}
+    table["provenance"] = {f"{r['method']}-seed{r['seed']}": f"{r['commit']}{' (dirty)' if r['dirty'] else ''}"
+                           for r in runs}
     write_json(records / "table.json", table)
-    print_table([{k: v for k, v in row.items() if k != "curve"} for row in rows],
-                ["method", "seed", "steps", "start", "end", "gain", "gain_se", "gain_in_se", "effective_ratio",
-                 "continuation_share", "prefix_effective_ratio", "rollouts", "generated_tokens", "wall_s"])
+    print_table(table)
+    figure = records / "learning.png"
     if not args.no_plot:
-        plot(rows, records / "learning.png")
-    print(f"wrote {records / 'table.json'}")
+        plot(runs, figure)
+    if args.mlflow:
+        log_to_mlflow(args.mlflow, records / "table.json", figure, runs)
+    print(f"wrote {records / 'table.json'}" + ("" if args.no_plot else f" and {figure}"))
     return table
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def print_table(table: dict) -> None:
+    from bench.bench_tables import print_table as show
+
+    show([{k: v for k, v in row.items() if k != "curve"} for row in table["runs"]],
+         ["method", "seed", "steps", "start", "end", "gain", "gain_se", "gain_in_se", "effective_ratio",
+          "continuation_share", "prefix_effective_ratio", "rollouts", "generated_tokens", "wall_s"])
+    for pair, d in [*(table.get("differences") or {}).items(),
+                    *((f"{k} (tokens)", v) for k, v in (table.get("differences_at_equal_tokens") or {}).items())]:
+        if d is not None:
+            print(f"  {pair} at {d['at']:,.0f} {d['axis']}: {d['value']:+.4f} ± {d['se']:.4f} ({d['z']:.2f} SE), "
+                  f"area {d['area']['value']:+.4f} ± {d['area']['se']:.4f} (seeds {d['seeds']})")
+    for name, verdict in (table.get("targets") or {}).items():
+        print(f"  {name}: {verdict}")
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    """Held-out pass@1 against cumulative training rollouts and generated tokens, warm-up not
+    counted (top) and counted (bottom): a line per method (its seeds' mean curve), its seeds'
+    range as a band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for row in rows:
-        ax.plot([c["rollouts"] for c in row["curve"]], [c["pass_at_1"] for c in row["curve"]], marker="o",
-                label=f"{row['method']} seed {row['seed']}")
-    ax.set(xlabel="cumulative training rollouts", ylabel="held-out pass@1",
-           title="the real policy on held-out questions")
-    ax.legend(fontsize=8)
+    from bench.real_learning_table import by_method, curve, mean_curve
+
+    methods = by_method(runs)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8), sharey=True)
+    colours = plt.get_cmap("tab10")
+    for i, m in enumerate(sorted(methods, key=lambda m: (m != "grpo", m))):
+        mine = list(methods[m].values())
+        for row, warm in enumerate((False, True)):
+            for col, axis in enumerate(("rollouts", "tokens")):
+                ax = axes[row, col]
+                x, y = mean_curve(mine, axis, warm)
+                ax.plot(x, y, marker="o", ms=3, color=colours(i % 10), label=f"{m} ({len(mine)})")
+                if len(mine) > 1:
+                    ys = np.array([np.interp(x, *curve(r, axis, warm)) for r in mine])
+                    ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=colours(i % 10), alpha=0.15)
+    for row, warm in enumerate(("warm-up not counted", "warm-up counted")):
+        axes[row, 0].set(xlabel="cumulative training rollouts", ylabel="held-out pass@1",
+                         title=f"per rollout ({warm})")
+        axes[row, 1].set(xlabel="cumulative generated tokens", title=f"per generated token ({warm})")
+    axes[0, 1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     save_figure(fig, path)
+
+
+def log_to_mlflow(uri: str, table: Path, figure: Path, runs: list[dict]) -> str:
+    """The table, its plot and every run's held-out curve (step: cumulative training rollouts;
+    ``heldout/pass_at_1_by_tokens``: the same against generated tokens) in experiment
+    ``bench-real-learning`` (:func:`bench.harness.log_benchmark_table`)."""
+    from bench.harness import CurveRun, log_benchmark_table
+    from bench.real_learning_table import curve
+
+    data = json.loads(table.read_text())
+    summary = {f"{m}/{name}": row[name]["value"] for m, row in (data.get("methods") or {}).items()
+               for name in ("end", "gain", "area", "effective_ratio")}
+    curves = [CurveRun(name=f"{r['method']}-seed{r['seed']}",
+                       params={"method": r["method"], "seed": r["seed"], "commit": r["commit"], "dirty": r["dirty"]},
+                       curves={"heldout/pass_at_1": curve(r, "rollouts"),
+                               "heldout/pass_at_1_by_tokens": curve(r, "tokens")})
+              for r in runs]
+    return log_benchmark_table(uri, "bench-real-learning", "real-learning-table", table, figure, summary, curves)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -441,7 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
     carry.add_argument("--records", default="bench/results/real_learning_pilot", help="the committed records")
     table = sub.add_parser("table", help="recompute the table from the records alone")
     table.add_argument("--records", default="bench/results/real_learning_pilot")
+    table.add_argument("--testbed", default="bench/results/learning",
+                       help="the testbed benchmark's records, whose reading (where each method's rollouts went) "
+                            "is set beside this policy's ('' for none)")
     table.add_argument("--no-plot", action="store_true")
+    table.add_argument("--mlflow", default=None, help="also log the table, plot and curves to this MLflow "
+                       "tracking URI (experiment bench-real-learning)")
     return ap
 
 

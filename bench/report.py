@@ -130,6 +130,59 @@ def real_learning(record: Mapping[str, Any]) -> list[str]:
                                 for seed, ok in measurable.items())]
 
 
+def real_learning_benchmark(record: Mapping[str, Any]) -> list[str]:
+    """The real-policy learning benchmark: each method's held-out figures over its seeds, TRACE
+    against every other method at equal rollouts and generated tokens, the targets, and where each
+    method's rollouts went beside the testbed policy's."""
+    def est(e: Mapping[str, Any] | None, sign: bool = False) -> str:
+        if e is None:
+            return "–"
+        return (f"{e['value']:+.4f}" if sign else num(e["value"], 4)) + f" ± {e['se']:.4f}"
+
+    rows = record.get("methods") or {}
+    out = [f"{record['questions']} held-out questions; methods compared at {num(record['equal_rollouts'], 0)} "
+           f"training rollouts (GRPO's) and {num(record['equal_tokens'], 0)} generated tokens. The runs took "
+           f"{num(sum(r['wall_s'] for r in rows.values()) / 3600, 1)} h on the machines that ran them, in "
+           f"{sum(r['sittings'] for r in rows.values())} sittings.", ""] if rows else []
+    out += table([{"method": m, "seeds": str(len(r["seeds"])), "held-out start": num(r["start"], 4),
+                   "end ± SE": est(r["end"]), "gain ± SE": est(r["gain"], True), "gain / SE": num(r["gain"]["z"], 2),
+                   "area ± SE": est(r["area"]), "eff. ratio": num(r["effective_ratio"]["value"]),
+                   "rollouts to GRPO's final": num(r.get("rollouts_to_grpo_final"), 0),
+                   "with warm-up": num(r.get("rollouts_to_grpo_final_with_warmup"), 0),
+                   "tokens to GRPO's final": num(r.get("tokens_to_grpo_final"), 0),
+                   "warm-up rollouts": num(r["warmup_rollouts"], 0), "wall h": num(r["wall_s"] / 3600, 1),
+                   "sittings": str(r["sittings"])}
+                  for m, r in rows.items()]) if rows else real_learning(record)
+    diffs = [d for key in ("differences", "differences_at_equal_tokens")
+             for d in (record.get(key) or {}).values() if d is not None]
+    if diffs:
+        out += ["", *table([{"a − b": f"{d['a']} − {d['b']}", "at": f"{num(d['at'], 0)} {d['axis']}",
+                             "held-out pass@1 ± SE": est(d, True), "/ SE": num(d["z"], 2),
+                             "area ± SE": est(d["area"], True), "seeds": ", ".join(map(str, d["seeds"]))}
+                            for d in diffs])]
+    def both(real: Any, tiny: Any, digits: int = 3) -> str:
+        return f"{num(real, digits)} / {num(tiny, digits)}"
+
+    reading_rows = []
+    for m, r in rows.items():
+        tiny = (record.get("testbed_reading") or {}).get(m) or {}
+        real = r["reading"]
+        reading_rows.append({
+            "method": m,
+            "continuation share": both(real["continuation_share"], tiny.get("continuation_share")),
+            "prefix eff. ratio": both(real["prefix_effective_ratio"], tiny.get("prefix_effective_ratio")),
+            "anchors expanded / step": both(real["expanded_anchors_per_step"], tiny.get("expanded_anchors_per_step"),
+                                            2),
+            "root eff. ratio": both(r["effective_ratio"]["value"], tiny.get("effective_ratio"))})
+    if reading_rows:
+        out += ["", "Where the rollouts went, this policy / the testbed's (`bench/results/learning`): the share "
+                    "spent on continuations, how often an expanded anchor's continuations met both outcomes (the "
+                    "prefix effective ratio), the anchors expanded a step, and the share of roots whose group was "
+                    "mixed.", "",
+                *table(reading_rows)]
+    return out + ["", *verdict_lines(record.get("targets"))]
+
+
 def read_real_pilots(path: Path) -> dict[str, Any]:
     """Every real-policy pilot's table (``real_learning_pilot*/table.json`` beside ``path``'s folder), one row
     per run, each run carrying its own settings, in the order the pilots' folders sort."""
@@ -411,6 +464,15 @@ SECTIONS: tuple[Section, ...] = (
             "the start's measurement with the same request seeds. One row per pilot, in the order they ran; "
             "each pilot's records are in its own `bench/results/real_learning_pilot*/` folder.",
             real_learning, "bench/results/real_learning_pilot_lr2e-5/learning.png", load=read_real_pilots),
+    Section("Learning on the pretrained policy", "bench/results/real_learning/table.json",
+            "GRPO, PCL and TRACE (DAPO and TRACE's posterior-Thompson variant where time allowed) from the LoRA "
+            "warm start, under the protocol the pilots above chose and then froze; held-out pass@1 paired by "
+            "question against the start and between methods, every error the larger of the spread over "
+            "questions and over seeds (`bench/real_learning_table.py`). Curves: the seeds' mean, their range "
+            "as a band, against training rollouts and generated tokens, the predictor's warm-up not counted "
+            "and counted.", real_learning_benchmark, "bench/results/real_learning/learning.png",
+            pending="python -m bench.real_learning run --methods grpo pcl trace --seeds 0 1 2 "
+                    "--records bench/results/real_learning (with the pilots' frozen settings)"),
     Section("Learning curves on the testbed policy", "bench/results/learning/table.json",
             "Each method trained from the testbed's policy (`python -m bench.learning`), pool success measured "
             "on all pool prompts with the same request seeds at every tenth of the run, held-out pass@1 on "
