@@ -173,9 +173,11 @@ def run_name(settings: dict) -> str:
 
 
 def latest_step(out: Path) -> int:
-    """The step of the run folder's last complete checkpoint (0: none)."""
-    pointer = out / "checkpoints" / "latest"
-    return int(pointer.read_text().strip().removeprefix("step_")) if pointer.is_file() else 0
+    """The step of the run folder's last complete checkpoint, the one the trainer resumes from (0: none)."""
+    from trace_core.training.trainer import latest_checkpoint
+
+    path = latest_checkpoint(out)
+    return int(path.name.removeprefix("step_")) if path is not None else 0
 
 
 def claim_run(out: Path, provenance: Provenance, settings: dict) -> list[dict]:

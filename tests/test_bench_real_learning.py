@@ -120,8 +120,10 @@ def test_an_unfinished_run_is_carried_to_the_records_and_resumed_from_them_on_an
     assert {k: sittings[-1][k] for k in ("commit", "dirty", "from_step")} == {"commit": "c2", "dirty": True,
                                                                             "from_step": 5}
     # a work folder ahead of the carried state keeps its own; other settings never take it
-    _more = out / "checkpoints" / "latest"
-    _more.write_text("step_000007")
+    ahead = out / "checkpoints" / "step_000007"
+    ahead.mkdir()
+    (ahead / "trainer_state.json").write_text(json.dumps({"step": 7}))
+    (out / "checkpoints" / "latest").write_text(ahead.name)
     rl.restore_carried(carried, out, settings)
     assert rl.latest_step(out) == 7
     other = tmp_path / "other"
