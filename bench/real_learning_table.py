@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.learning_table import cost_to_reach, in_se
 from trace_core.metrics import paired_pass_difference, pass_at_1, wilson_interval
 
 RECORD_FORMAT = "trace-rl/real-learning-run/1"
@@ -103,16 +104,6 @@ def curve(record: Record, axis: str, warmup: bool = False) -> tuple[np.ndarray, 
     return x, np.array([pass_at_1(m["successes"], m["samples"]).value for m in measures])
 
 
-def cost_to_reach(x: np.ndarray, y: np.ndarray, target: float) -> float | None:
-    """Cost at which the interpolated curve first reaches ``target``; None if it never does."""
-    for i in range(len(y)):
-        if y[i] >= target:
-            if i == 0:
-                return float(x[0])
-            return float(x[i - 1] + (target - y[i - 1]) / (y[i] - y[i - 1]) * (x[i] - x[i - 1]))
-    return None
-
-
 def total(record: Record, key: str) -> float:
     return float(sum(record["steps"][key]))
 
@@ -129,15 +120,6 @@ def estimate(per_seed: Sequence[np.ndarray]) -> dict[str, Any]:
     across_seeds = float(by_seed.var(ddof=1) / n) if n > 1 else 0.0
     value, se = float(by_question.mean()), math.sqrt(max(across_questions, across_seeds))
     return {"value": value, "se": se, "z": in_se(value, se), "per_seed": by_seed.tolist()}
-
-
-def in_se(value: float, se: float) -> float:
-    """``value`` in standard errors (±inf for a zero error, NaN where either is undefined)."""
-    if not (math.isfinite(value) and math.isfinite(se)):
-        return float("nan")
-    if se > 0:
-        return value / se
-    return math.copysign(math.inf, value) if value else float("nan")
 
 
 def mean_curve(runs: Sequence[Record], axis: str, warmup: bool = False) -> tuple[np.ndarray, np.ndarray]:
