@@ -50,10 +50,23 @@ def main(argv: list[str] | None = None) -> int:
                            help="on a failure, print its traceback on stderr too (it is always in "
                                 "<output_dir>/failure.log)")
     _add_deliver(sub)
+    sub.add_parser("methods", help="list the registered methods (method=NAME) and the rule each samples by",
+                   description="List every method of the registry (the value of method=NAME) with the rule it "
+                               "samples by: which prompts, how many rollouts each, which anchors it expands.",
+                   formatter_class=argparse.RawDescriptionHelpFormatter,
+                   epilog="Example:\n  trace-rl methods\n  trace-rl train --config configs/testbed.yaml "
+                          "method=knapsack-rl")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.command == "deliver":
         return _deliver(args)
+    if args.command == "methods":
+        from trace_core.methods import METHODS
+
+        width = max(map(len, METHODS))
+        for name, method in METHODS.items():
+            print(f"{name:<{width}}  {method.description}")
+        return 0
 
     from trace_core.config import ConfigError, dump_yaml, load_config
     from trace_core.training.config import TrainConfig
