@@ -36,6 +36,12 @@ held-out measurements, its tracking store) to ``RECORDS/carry/<run>/``; a later 
 machine, with the same settings, finds it there and resumes from it. A full fine-tuning checkpoint
 (~1.6 GB) is refused by ``carry``.
 
+**A longer run goes on from a shorter one.** A run of more steps whose other settings are a
+shorter run's (its measurements among the longer run's) resumes from that run's last checkpoint,
+in its work folder or carried (``carry`` a finished run into the longer run's records folder):
+the learning rate is constant, so the shorter run is the longer run's beginning, and a pilot
+that ends still rising is extended instead of run again.
+
 Examples:
 
     python -m bench.real_learning run --methods grpo --seeds 0 --steps 30 --lr 5e-6 \\
@@ -180,11 +186,30 @@ def latest_step(out: Path) -> int:
     return int(path.name.removeprefix("step_")) if path is not None else 0
 
 
+def extends(held: dict, settings: dict) -> bool:
+    """Whether a run of ``settings`` continues the run of ``held`` settings: the same in everything
+    but its length (more steps; the learning rate is constant, so a run resumed past its end is the
+    longer run) and its measurements (every step the shorter run measured is measured by the
+    longer; the shorter run's last, at the end's k, stands as a point of the longer one's curve)."""
+    def rest(s: dict) -> dict:
+        return {k: v for k, v in s.items() if k not in ("steps", "heldout_at")}
+
+    return (rest(held) == rest(settings) and settings["steps"] > held["steps"]
+            and set(held.get("heldout_at", [])) <= set(settings.get("heldout_at", [])))
+
+
 def claim_run(out: Path, provenance: Provenance, settings: dict) -> list[dict]:
     """Keep ``out`` when it holds a run of these settings (it resumes from its checkpoint, on this
-    commit or another), else empty it and start it there; this sitting joins its sittings."""
+    commit or another) or a shorter run they extend (:func:`extends`: it goes on past its end),
+    else empty it and start it there; this sitting joins its sittings."""
     started = out / SETTINGS_FILE
-    if not (started.is_file() and json.loads(started.read_text())["settings"] == settings):
+    held = json.loads(started.read_text()) if started.is_file() else None
+    if held is not None and held["settings"] != settings and extends(held["settings"], settings):
+        print(f"{out.name}: extending its run of {held['settings']['steps']} steps to {settings['steps']}",
+              flush=True)
+        started.write_text(json.dumps({**held, "settings": settings,
+                                       "extends": [*held.get("extends", []), held["settings"]]}))
+    elif held is None or held["settings"] != settings:
         shutil.rmtree(out, ignore_errors=True)  # another run's folder: start over
         out.mkdir(parents=True)
         started.write_text(json.dumps({"commit": provenance.commit, "settings": settings}))
@@ -237,10 +262,11 @@ def carry_run(out: Path, carry: Path) -> int:
 
 
 def restore_carried(carry: Path, out: Path, settings: dict) -> None:
-    """Put a carried run's resume state into ``out`` when the carried run has these settings and
-    ``out`` is behind it (no checkpoint, or an older one)."""
+    """Put a carried run's resume state into ``out`` when the carried run has these settings (or
+    is a shorter run they extend) and ``out`` is behind it (no checkpoint, or an older one)."""
     started = carry / SETTINGS_FILE
-    if not started.is_file() or json.loads(started.read_text())["settings"] != settings:
+    carried = json.loads(started.read_text())["settings"] if started.is_file() else None
+    if carried is None or not (carried == settings or extends(carried, settings)):
         return
     if latest_step(out) >= latest_step(carry):
         return

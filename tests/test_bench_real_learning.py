@@ -129,8 +129,8 @@ def test_an_unfinished_run_is_carried_to_the_records_and_resumed_from_them_on_an
     other = tmp_path / "other"
     rl.restore_carried(carried, other, {**settings, "seed": 1})
     assert not other.exists()
-    # other settings in the folder: it starts over
-    assert rl.claim_run(out, rl.Provenance("c3", False), {**settings, "steps": 40})[-1]["from_step"] == 0
+    # other settings in the folder: it starts over (a longer run of the same settings goes on instead)
+    assert rl.claim_run(out, rl.Provenance("c3", False), {**settings, "seed": 3})[-1]["from_step"] == 0
     assert not (out / "checkpoints").exists()
 
 
@@ -171,3 +171,31 @@ def test_the_policy_updates_micro_batches_are_a_setting_only_off_the_default(tmp
         assert ("micro_batches" in settings) == named  # earlier records keep their settings
         config = load_config(TrainConfig, None, rl.overrides(args, settings, tmp_path / "out"))
         assert config.policy.micro_batches == (8 if named else 2)
+
+
+def test_a_longer_run_of_the_same_settings_goes_on_from_the_shorter_runs_checkpoint(tmp_path, capsys):
+    short = {"method": "grpo", "seed": 0, "steps": 30, "lr": 2e-4, "heldout_at": [6, 12, 18, 24, 30]}
+    long = {**short, "steps": 60, "heldout_at": rl.measure_steps(60, 10)}
+    assert rl.extends(short, long) and not rl.extends(long, short)
+    assert not rl.extends(short, {**long, "lr": 4e-4})  # another learning rate is another run
+    assert not rl.extends(short, {**long, "heldout_at": [20, 40, 60]})  # the shorter run's points not among them
+    out = tmp_path / "work" / "grpo-seed0"
+    rl.claim_run(out, rl.Provenance("c1", False), short)
+    _checkpointed_run(out, short, step=30)
+    sittings = rl.claim_run(out, rl.Provenance("c2", False), long)
+    assert "extending its run of 30 steps to 60" in capsys.readouterr().out
+    assert rl.latest_step(out) == 30 and [x["from_step"] for x in sittings] == [0, 30]
+    held = json.loads((out / rl.SETTINGS_FILE).read_text())
+    assert held["settings"] == long and held["extends"] == [short] and held["commit"] == "c1"
+    # carried from a finished shorter run, another machine extends it too
+    carry = tmp_path / "records" / rl.CARRY_DIR / "grpo-seed0"
+    rl.carry_run(out, carry)
+    json.loads((carry / rl.SETTINGS_FILE).read_text())  # the carry holds the (extended) settings
+    (carry / rl.SETTINGS_FILE).write_text(json.dumps({"commit": "c1", "settings": short}))
+    elsewhere = tmp_path / "other" / "grpo-seed0"
+    rl.restore_carried(carry, elsewhere, long)
+    assert rl.latest_step(elsewhere) == 30
+    rl.restore_carried(carry, tmp_path / "third", {**long, "lr": 4e-4})
+    assert not (tmp_path / "third").exists()
+    # settings that change more than the length start over
+    assert rl.claim_run(out, rl.Provenance("c3", False), {**long, "lr": 4e-4})[-1]["from_step"] == 0
