@@ -20,7 +20,10 @@ with ``python -m bench.real_policy``, and give its records their own folder.
 **The protocol is chosen on GRPO alone** (``pilot`` records under
 ``bench/results/real_learning_pilot``): run length, M, N and the learning rate such that GRPO's
 held-out gain, paired by question, exceeds 3 standard errors; then they are frozen for every
-method (``bench/results/real_learning``).
+method: ``freeze --pilot PILOT --records bench/results/real_learning`` writes ``protocol.json``
+there (the pilot's settings, the measurements a run takes, and the evidence), refused unless
+the pilot's GRPO gain exceeds 3 SE, and never changed once written; every ``run`` into that
+folder takes its options from it and refuses another value.
 
 **Records anyone can recompute.** A finished run writes one JSON record under ``--records`` (the
 per-step counts, the held-out counts per question at every measurement, the commit with a dirty
@@ -51,6 +54,10 @@ Examples:
         --start bench/results/real_policy-lora16.json \\
         --records bench/results/real_learning_pilot_lora8     # adapters on the LoRA warm start
     python -m bench.real_learning table --records bench/results/real_learning_pilot
+    python -m bench.real_learning freeze --pilot bench/results/real_learning_pilot_lora8_lr2e-4 \
+        --records bench/results/real_learning               # GRPO's gain > 3 SE there, or refused
+    python -m bench.real_learning run --methods grpo pcl trace --seeds 0 1 2 --warm runs/smollm2-lora16 \
+        --records bench/results/real_learning               # every run under the frozen protocol
     python -m bench.real_learning carry --methods grpo --seeds 0 \\
         --records bench/results/real_learning_pilot           # before the machine goes: commit the carry
 """
@@ -71,12 +78,20 @@ from bench.real_learning_table import RECORD_FORMAT, summarise
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the policy trains on the CPU (DeepSpeed reads this)
 
-START_FILE = "bench/results/real_policy.json"
 DEFAULT_MICRO_BATCHES = 2  # the policy update's own default (PolicyTrainConfig.micro_batches)
 CARRY_DIR = "carry"  # under --records: each unfinished run's resume state, committed between sittings
 SETTINGS_FILE = "bench_settings.json"  # in a run folder: the settings it was started with
 SITTINGS_FILE = "sittings.json"  # in a run folder: every sitting that ran it (commit, dirty flag, first step)
 CARRY_LIMIT_BYTES = 200 << 20  # a resume state above this is not committed (full fine-tuning's is ~1.6 GB)
+PROTOCOL_FILE = "protocol.json"  # in a records folder: the frozen protocol every run there follows
+PROTOCOL_FORMAT = "trace-rl/real-learning-protocol/1"
+# The protocol's knobs (run's options) and their defaults where no protocol is frozen: a records
+# folder with a protocol takes them from it, and refuses a run that asks for another value.
+KNOBS = {"steps": 30, "lr": 5e-6, "roots_M": 16, "expansion_N": 1, "group_size": 4, "max_m": 8,
+         "dtype": "bfloat16", "lora_rank": 0, "heldout_k": 4, "curve_k": 0, "micro_batches": 2, "warmup_k": 4,
+         "measurements": 1, "start": "bench/results/real_policy.json"}
+# a knob's name in a run's settings, where it differs
+SETTING_OF = {"group_size": "group_size_G"}
 STEP_KEYS = {"rollouts": "counts/rollouts", "generated_tokens": "budget/generated_tokens",
              "activated": "counts/activated", "mixed_groups": "counts/mixed_groups",
              "mixed_groups_trained": "counts/mixed_groups_trained", "effective_ratio": "effective_ratio",
@@ -320,6 +335,77 @@ def run_one(args: argparse.Namespace, settings: dict, provenance: Provenance, st
             "threads": os.environ.get("OMP_NUM_THREADS")}
 
 
+def read_protocol(records: Path) -> dict | None:
+    path = records / PROTOCOL_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def resolve_knobs(args: argparse.Namespace) -> None:
+    """Fill the protocol's knobs of ``args``: from the records folder's frozen protocol where it has
+    one (a value asked for on the command line that differs from it is refused, naming both), else
+    the defaults (:data:`KNOBS`)."""
+    protocol = read_protocol(Path(args.records))
+    if protocol is None:
+        for knob, default in KNOBS.items():
+            if getattr(args, knob) is None:
+                setattr(args, knob, default)
+        return
+    frozen = protocol["knobs"]
+    differ = [f"--{knob.replace('_', '-')} {getattr(args, knob)} (frozen: {frozen[knob]})" for knob in KNOBS
+              if getattr(args, knob) is not None and getattr(args, knob) != frozen[knob]]
+    if differ:
+        raise SystemExit(f"{args.records}/{PROTOCOL_FILE} froze this benchmark's protocol; refused: "
+                         f"{'; '.join(differ)}. Drop these options (the protocol gives them) or use another "
+                         "--records folder")
+    for knob in KNOBS:
+        setattr(args, knob, frozen[knob])
+
+
+def start_of(policy: str, results: Path) -> str:
+    """The ``bench.real_policy`` record under ``results`` that measured the policy of digest ``policy``."""
+    for path in sorted(results.glob("real_policy*.json")):
+        if json.loads(path.read_text()).get("policy", {}).get("weights_digest") == policy:
+            return path.as_posix()
+    raise SystemExit(f"no real_policy*.json under {results} measured the policy {policy}: give --start")
+
+
+def cmd_freeze(args: argparse.Namespace) -> dict:
+    """Freeze the pilot's protocol for ``--records``: its GRPO records' settings, with
+    ``--measurements`` measurements a run, and the evidence — each GRPO pilot's held-out gain,
+    paired by question, which must exceed 3 standard errors."""
+    pilot, records = Path(args.pilot), Path(args.records)
+    grpo = [json.loads(p.read_text()) for p in sorted((pilot / "runs").glob("grpo-seed*.json"))]
+    if not grpo:
+        raise SystemExit(f"{pilot}/runs holds no GRPO record: the protocol is chosen on GRPO's pilot runs")
+    rows = [summarise(r) for r in grpo]
+    weak = [f"seed {r['seed']}: {r['gain']:+.4f} = {r['gain_in_se']:.2f} SE" for r in rows if not r["gain_in_se"] > 3]
+    if weak:
+        raise SystemExit(f"{pilot}: GRPO's held-out gain does not exceed 3 SE ({'; '.join(weak)}): a protocol "
+                         "that does not measure learning is not frozen")
+    kinds = {json.dumps({k: v for k, v in r["settings"].items() if k not in ("seed", "heldout_at")}, sort_keys=True)
+             for r in grpo}
+    if len(kinds) > 1:
+        raise SystemExit(f"{pilot}: its GRPO records were made under different settings: one pilot, one protocol")
+    settings = grpo[0]["settings"]
+    knobs = {knob: settings.get(SETTING_OF.get(knob, knob), KNOBS[knob]) for knob in KNOBS
+             if knob not in ("measurements", "warmup_k", "start")}
+    knobs.update(measurements=args.measurements, warmup_k=KNOBS["warmup_k"],
+                 start=args.start or start_of(settings["policy"], Path(args.results)))
+    protocol = {"format": PROTOCOL_FORMAT, "knobs": knobs, "policy": settings["policy"],
+                "evidence": {"pilot": str(pilot), "runs": [{k: r[k] for k in ("seed", "start", "end", "gain",
+                                                                               "gain_se", "gain_in_se")}
+                                                           for r in rows],
+                             "commits": sorted({r["commit"] for r in grpo})},
+                "frozen_at": Provenance.now().commit}
+    path = records / PROTOCOL_FILE
+    if path.is_file() and json.loads(path.read_text())["knobs"] != knobs:
+        raise SystemExit(f"{path} froze another protocol already: a frozen protocol is not changed")
+    records.mkdir(parents=True, exist_ok=True)
+    write_json(path, protocol)
+    print(f"froze {path}: " + ", ".join(f"{k} {v}" for k, v in knobs.items()), flush=True)
+    return protocol
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     from trace_core.warmstart.sft import native_bf16
 
@@ -449,36 +535,47 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="make every missing record (resumable)")
     run.add_argument("--warm", default="runs/smollm2", help="the pretrained warm start's folder (policy/, tasks/)")
-    run.add_argument("--start", default=START_FILE, help="the warm start's measurement (bench.real_policy)")
+    run.add_argument("--start", help=f"the warm start's measurement (bench.real_policy; default {KNOBS['start']})")
     run.add_argument("--methods", nargs="+", default=["grpo"])
     run.add_argument("--seeds", type=int, nargs="+", default=[0])
-    run.add_argument("--steps", type=int, default=30)
-    run.add_argument("--lr", type=float, default=5e-6, help="the policy's RL learning rate")
-    run.add_argument("--roots-M", dest="roots_M", type=int, default=16, help="root rollouts per step, M")
-    run.add_argument("--expansion-N", dest="expansion_N", type=int, default=1)
-    run.add_argument("--group-size", type=int, default=4, help="G")
-    run.add_argument("--max-m", type=int, default=8, help="M_max")
-    run.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
+    run.add_argument("--steps", type=int, help="training steps (default 30)")
+    run.add_argument("--lr", type=float, help="the policy's RL learning rate (default 5e-6)")
+    run.add_argument("--roots-M", dest="roots_M", type=int, help="root rollouts per step, M (default 16)")
+    run.add_argument("--expansion-N", dest="expansion_N", type=int, help="N (default 1)")
+    run.add_argument("--group-size", type=int, help="G (default 4)")
+    run.add_argument("--max-m", type=int, help="M_max (default 8)")
+    run.add_argument("--dtype", choices=["float32", "bfloat16"],
                      help="the policy update's precision (DeepSpeed bf16: bfloat16 weights and activations, "
                           "float32 master weights in the optimizer); bfloat16 makes the update cheaper on a CPU "
                           "that computes it natively, and far slower on one that does not (AVX2 only: choose "
-                          "float32 there; the run warns)")
-    run.add_argument("--lora-rank", type=int, default=0,
+                          "float32 there; the run warns; default bfloat16)")
+    run.add_argument("--lora-rank", type=int,
                      help="train rank-R adapters (alpha 2R) on the policy's projections instead of every weight "
                           "(0: full fine-tuning); a run's checkpoint then holds only the adapters and their "
-                          "optimizer state")
-    run.add_argument("--heldout-k", type=int, default=4, help="samples per held-out question (the start's k)")
-    run.add_argument("--curve-k", type=int, default=0, help="samples per held-out question at the measurements "
-                     "before the last (0: --heldout-k); the last is always at --heldout-k, paired with the start")
-    run.add_argument("--micro-batches", type=int, default=DEFAULT_MICRO_BATCHES,
+                          "optimizer state; default 0)")
+    run.add_argument("--heldout-k", type=int, help="samples per held-out question (the start's k; default 4)")
+    run.add_argument("--curve-k", type=int, help="samples per held-out question at the measurements before the "
+                     "last (default 0: --heldout-k); the last is always at --heldout-k, paired with the start")
+    run.add_argument("--micro-batches", type=int,
                      help="packed forwards per policy update: more use less memory (at 2, one SmolLM2 update of "
-                          "32 trajectories peaked near 18 GB)")
-    run.add_argument("--warmup-k", type=int, default=4, help="rollouts per warm-up question for a method that "
-                     "reads the predictor (PCL, TRACE, ...): the predictor is fitted on them before step 0")
-    run.add_argument("--measurements", type=int, default=1, help="held-out measurements after the start, evenly "
-                     "spaced (each costs k rollouts of every held-out question)")
+                          "32 trajectories peaked near 18 GB; default 2)")
+    run.add_argument("--warmup-k", type=int, help="rollouts per warm-up question for a method that "
+                     "reads the predictor (PCL, TRACE, ...): the predictor is fitted on them before step 0; default 4")
+    run.add_argument("--measurements", type=int, help="held-out measurements after the start, evenly "
+                     "spaced (each costs k rollouts of every held-out question; default 1)")
     run.add_argument("--work", default="runs/bench_real_learning", help="run folders (checkpoints; not committed)")
-    run.add_argument("--records", default="bench/results/real_learning_pilot", help="the committed records")
+    run.add_argument("--records", default="bench/results/real_learning_pilot",
+                     help="the committed records; where it holds a frozen protocol (freeze), every option above "
+                          "but --warm, --methods and --seeds comes from it, and another value is refused")
+    freeze = sub.add_parser("freeze", help="freeze a pilot's protocol for a records folder: refused unless GRPO's "
+                            "held-out gain there exceeds 3 SE")
+    freeze.add_argument("--pilot", required=True, help="the pilot's records folder (its GRPO records)")
+    freeze.add_argument("--records", required=True, help="the benchmark's records folder the protocol is for")
+    freeze.add_argument("--measurements", type=int, default=10,
+                        help="held-out measurements a run takes (default 10: every tenth of a run)")
+    freeze.add_argument("--start", default=None, help="the warm start's measurement (default: the "
+                        "real_policy*.json under --results that measured the pilot's policy)")
+    freeze.add_argument("--results", default="bench/results", help=argparse.SUPPRESS)
     carry = sub.add_parser("carry", help="copy each unfinished run's resume state to RECORDS/carry/ (to commit: a "
                            "later run on another machine resumes from it)")
     carry.add_argument("--methods", nargs="+", default=["grpo"])
@@ -496,8 +593,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, a run's protocol knobs filled (:func:`resolve_knobs`)."""
     args = build_parser().parse_args(argv)
+    if args.command == "run":
+        resolve_knobs(args)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.command == "run":
         use_every_core()  # before torch loads: a run is the machine's one heavy job
         if args.steps < 1 or args.measurements < 1 or args.heldout_k < 2 or args.curve_k == 1 or args.curve_k < 0:
@@ -506,6 +611,8 @@ def main(argv: list[str] | None = None) -> None:
         cmd_run(args)
     elif args.command == "carry":
         cmd_carry(args)
+    elif args.command == "freeze":
+        cmd_freeze(args)
     else:
         cmd_table(args)
 

@@ -68,7 +68,7 @@ def test_adapters_are_a_setting_of_the_run_only_when_asked_for(tmp_path, rank):
     from trace_core.config import load_config
     from trace_core.training.config import TrainConfig
 
-    args = rl.build_parser().parse_args(["run", "--lora-rank", str(rank), "--warm", str(tmp_path)])
+    args = rl.parse_args(["run", "--lora-rank", str(rank), "--warm", str(tmp_path)])
     settings = rl.run_settings("grpo", 0, args, {"weights_digest": "d"})
     assert ("lora_rank" in settings) == bool(rank)  # full fine-tuning's records keep their settings
     config = load_config(TrainConfig, None, rl.overrides(args, settings, tmp_path / "out"))
@@ -147,7 +147,7 @@ def test_a_method_that_reads_the_predictor_warms_it_up_on_the_warm_starts_own_sp
     from trace_core.config import load_config
     from trace_core.training.config import TrainConfig
 
-    args = rl.build_parser().parse_args(["run", "--warm", str(tmp_path), "--warmup-k", "2"])
+    args = rl.parse_args(["run", "--warm", str(tmp_path), "--warmup-k", "2"])
     grpo = rl.run_settings("grpo", 0, args, {"weights_digest": "d"})
     trace = rl.run_settings("trace", 0, args, {"weights_digest": "d"})
     assert "warmup_k" not in grpo and trace["warmup_k"] == 2  # GRPO's settings (and its resumes) unchanged
@@ -166,7 +166,7 @@ def test_the_policy_updates_micro_batches_are_a_setting_only_off_the_default(tmp
     from trace_core.training.config import TrainConfig
 
     for given, named in ((["--micro-batches", "8"], True), ([], False)):
-        args = rl.build_parser().parse_args(["run", "--warm", str(tmp_path), *given])
+        args = rl.parse_args(["run", "--warm", str(tmp_path), *given])
         settings = rl.run_settings("grpo", 0, args, {"weights_digest": "d"})
         assert ("micro_batches" in settings) == named  # earlier records keep their settings
         config = load_config(TrainConfig, None, rl.overrides(args, settings, tmp_path / "out"))
@@ -199,3 +199,50 @@ def test_a_longer_run_of_the_same_settings_goes_on_from_the_shorter_runs_checkpo
     assert not (tmp_path / "third").exists()
     # settings that change more than the length start over
     assert rl.claim_run(out, rl.Provenance("c3", False), {**long, "lr": 4e-4})[-1]["from_step"] == 0
+
+
+def _pilot(tmp_path: Path, end: dict[str, int], lr: float = 2e-4) -> Path:
+    pilot = tmp_path / "pilot"
+    (pilot / "runs").mkdir(parents=True)
+    record = _record({q: 1 for q in end}, end)
+    record["settings"] = {"method": "grpo", "seed": 0, "steps": 30, "lr": lr, "roots_M": 16, "expansion_N": 1,
+                          "group_size_G": 4, "max_m": 8, "heldout_k": 4, "dtype": "float32",
+                          "heldout_at": [6, 12, 18, 24, 30], "policy": "d1g35t", "lora_rank": 8, "curve_k": 2,
+                          "micro_batches": 8}
+    (pilot / "runs" / "grpo-seed0.json").write_text(json.dumps(record))
+    return pilot
+
+
+def test_a_protocol_is_frozen_only_on_a_measurable_grpo_gain_and_runs_then_follow_it(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "real_policy-lora16.json").write_text(json.dumps({"policy": {"weights_digest": "d1g35t"}}))
+    records = tmp_path / "records"
+    freeze = ["freeze", "--records", str(records), "--results", str(results)]
+    # a gain inside 3 SE is no evidence: nothing is written
+    flat = _pilot(tmp_path / "a", {f"q{i}": 1 + (i % 10 == 0) for i in range(30)})  # 1.8 SE
+    with pytest.raises(SystemExit, match="does not exceed 3 SE"):
+        rl.main([*freeze, "--pilot", str(flat)])
+    assert not (records / rl.PROTOCOL_FILE).exists()
+    pilot = _pilot(tmp_path / "b", {f"q{i}": 3 + (i % 2) for i in range(30)})
+    rl.main([*freeze, "--pilot", str(pilot)])
+    protocol = json.loads((records / rl.PROTOCOL_FILE).read_text())
+    assert protocol["knobs"] == {"steps": 30, "lr": 2e-4, "roots_M": 16, "expansion_N": 1, "group_size": 4,
+                                 "max_m": 8, "dtype": "float32", "lora_rank": 8, "heldout_k": 4, "curve_k": 2,
+                                 "micro_batches": 8, "warmup_k": 4, "measurements": 10,
+                                 "start": (results / "real_policy-lora16.json").as_posix()}
+    assert protocol["evidence"]["runs"][0]["gain_in_se"] > 3
+    # a frozen protocol is not changed
+    with pytest.raises(SystemExit, match="froze another protocol"):
+        rl.main([*freeze, "--pilot", str(_pilot(tmp_path / "c", {f"q{i}": 4 for i in range(30)}, lr=4e-4))])
+    # a run in that folder takes every knob from it, and refuses another value
+    args = rl.build_parser().parse_args(["run", "--records", str(records), "--methods", "trace", "--lr", "2e-4"])
+    rl.resolve_knobs(args)
+    assert (args.lr, args.lora_rank, args.measurements, args.micro_batches) == (2e-4, 8, 10, 8)
+    with pytest.raises(SystemExit, match=r"refused: --steps 60 \(frozen: 30\); --lr 0.0004 \(frozen: 0.0002\)"):
+        rl.resolve_knobs(rl.build_parser().parse_args(["run", "--records", str(records), "--lr", "4e-4",
+                                                       "--steps", "60"]))
+    # a folder without a protocol takes the defaults
+    free = rl.build_parser().parse_args(["run", "--records", str(tmp_path / "free")])
+    rl.resolve_knobs(free)
+    assert {k: getattr(free, k) for k in rl.KNOBS} == rl.KNOBS
