@@ -472,7 +472,8 @@ SECTIONS: tuple[Section, ...] = (
             "as a band, against training rollouts and generated tokens, the predictor's warm-up not counted "
             "and counted.", real_learning_benchmark, "bench/results/real_learning/learning.png",
             pending="python -m bench.real_learning run --methods grpo pcl trace --seeds 0 1 2 "
-                    "--records bench/results/real_learning (with the pilots' frozen settings)"),
+                    "--warm runs/smollm2-lora16 --records bench/results/real_learning, once "
+                    "python -m bench.real_learning freeze has written the pilots' protocol there"),
     Section("Learning curves on the testbed policy", "bench/results/learning/table.json",
             "Each method trained from the testbed's policy (`python -m bench.learning`), pool success measured "
             "on all pool prompts with the same request seeds at every tenth of the run, held-out pass@1 on "
