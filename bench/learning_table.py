@@ -332,13 +332,16 @@ def build_table(runs: Sequence[Mapping[str, Any]], start: Mapping[str, Any], tru
         raise ValueError(f"grpo's records were made under different budgets ({sorted(budgets, key=str)}): "
                          "one folder, one grpo budget")
     table["grpo_tokens_per_step"] = budgets.pop()
-    if any("tokens_per_step" in r["settings"] for r in runs):  # a token budget: compare at equal tokens too
-        tokens = float(np.mean([sum(grpo[s]["steps"]["generated_tokens"]) for s in grpo]))
-        table["equal_tokens"] = tokens
-        pairs = [(m, "grpo") for m in order if m != "grpo"]
-        pairs += [("trace-tokens", m) for m in order if m not in ("grpo", "trace-tokens") and "trace-tokens" in methods]
-        table["differences_at_equal_tokens"] = {f"{a}-{b}": difference(methods[a], methods[b], start, tokens, "tokens")
-                                                for a, b in pairs}
+    # at equal generated tokens (GRPO's mean spend, or the most both spent): a method that expands
+    # or prices tokens generates less per rollout, so this is the axis its cost is paid on
+    tokens = float(np.mean([sum(grpo[s]["steps"]["generated_tokens"]) for s in grpo]))
+    table["equal_tokens"] = tokens
+    pairs = [(m, "grpo") for m in order if m != "grpo"]
+    for lead in ("trace-tokens", "trace"):  # the token rule leads where it ran (its own benchmark)
+        if lead in methods:
+            pairs += [(lead, m) for m in order if m not in ("grpo", lead) and (m, lead) not in pairs]
+    table["differences_at_equal_tokens"] = {f"{a}-{b}": difference(methods[a], methods[b], start, tokens, "tokens")
+                                            for a, b in pairs}
     if truth is not None:
         table["truly_mixed"] = {m: truly_mixed_reading(methods[m], truth, truth_samples) for m in order}
     table["targets"] = judge(table)

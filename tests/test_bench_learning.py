@@ -140,15 +140,18 @@ def test_a_method_that_spends_less_is_compared_where_both_curves_exist() -> None
     assert math.isnan(lt.in_se(float("nan"), float("nan"))) and lt.in_se(1.0, 0.0) == math.inf
 
 
-def test_runs_at_a_token_budget_are_compared_at_equal_generated_tokens() -> None:
-    """Records made under a token budget get differences at equal generated tokens (GRPO's mean
-    spend, or the most both spent) beside the equal-rollouts ones; records without one get none."""
+def test_runs_are_compared_at_equal_generated_tokens_too() -> None:
+    """Every method is compared with GRPO, and TRACE with every other, at equal generated tokens
+    (GRPO's mean spend, or the most both spent) beside the equal-rollouts comparisons, with a token
+    budget or without one."""
     start = {"measure": _measure(0, [0, 0, 4, 4])}  # 8/16
     g = _run("grpo", 0, [10, 10], [100, 100], [_measure(1, [1, 0, 4, 4]), _measure(2, [2, 0, 4, 4])], [1, 1],
              [2, 2], {"q": 1})
     t = _run("trace-tokens", 0, [30, 30], [50, 50], [_measure(1, [2, 1, 4, 4]), _measure(2, [3, 1, 4, 4])], [2, 2],
              [3, 3], {"q": 1})
-    assert "equal_tokens" not in lt.build_table([g, t], start)
+    unbudgeted = lt.build_table([g, t], start)
+    assert unbudgeted["equal_tokens"] == 200
+    assert unbudgeted["differences_at_equal_tokens"]["trace-tokens-grpo"]["at_tokens"] == 100
     for r in (g, t):
         r["settings"] = {**r["settings"], "tokens_per_step": 100}
     table = lt.build_table([g, t], start)
