@@ -60,7 +60,9 @@ def test_every_committed_table_is_recomputed_from_its_records(tmp_path):
         rl.main(["table", "--records", str(copy), "--no-plot"])
         recomputed = json.loads((copy / "table.json").read_text())
         committed = json.loads((folder / "table.json").read_text())
-        assert recomputed == committed, folder.name
+        assert recomputed == committed, (
+            f"{folder.name}: rebuild it with python -m bench.real_learning table --records {folder.relative_to(REPO)} "
+            "(its reading sits beside the testbed benchmark's, read from bench/results/learning)")
 
 
 @pytest.mark.parametrize("rank", [0, 8])
