@@ -239,14 +239,17 @@ def claim_run(out: Path, provenance: Provenance, settings: dict) -> list[dict]:
 def carried_files(out: Path) -> list[Path]:
     """What a run folder needs to resume elsewhere, relative to it: its settings and sittings, the
     last complete checkpoint and its pointer, the step figures, the held-out measurements, the
-    tracking store and spool. Not the per-step trees and allocations (already sent to tracking)."""
+    tracking store and spool. Not the per-step trees and allocations (already sent to tracking), nor
+    the conversion scripts DeepSpeed writes beside a checkpoint (``zero_to_fp32.py``: no resume reads
+    them, and a commit should hold no copy of another project's code)."""
     tag = (out / "checkpoints" / "latest").read_text().strip()
     kept = [out / "checkpoints" / "latest", out / "checkpoints" / tag]
     for name in (SETTINGS_FILE, SITTINGS_FILE, "step_history.jsonl", "run_identity.json", "mlflow.db", "heldout",
                  "spool"):
         if (out / name).exists():
             kept.append(out / name)
-    files = [p for k in kept for p in ([k] if k.is_file() else sorted(k.rglob("*"))) if p.is_file()]
+    files = [p for k in kept for p in ([k] if k.is_file() else sorted(k.rglob("*")))
+             if p.is_file() and not (p.suffix == ".py" and p.name.startswith("zero_to_"))]
     return [p.relative_to(out) for p in files]
 
 

@@ -87,6 +87,7 @@ def _checkpointed_run(out: Path, settings: dict, step: int) -> None:
                                                                         "lm_head.weight": torch.zeros(50, 3)}},
                    ckpt / "policy" / "policy" / "mp_rank_00_model_states.pt")
         (ckpt / "trainer_state.json").write_text(json.dumps({"step": s}))
+        (ckpt / "policy" / "zero_to_fp32.py").write_text("# DeepSpeed's conversion script\n")
     (out / "checkpoints" / "latest").write_text(f"step_{step:06d}")
     (out / "heldout").mkdir()
     (out / "heldout" / "step00001.json").write_text("{}")
@@ -110,6 +111,7 @@ def test_an_unfinished_run_is_carried_to_the_records_and_resumed_from_them_on_an
     held = {p.relative_to(carried).as_posix() for p in carried.rglob("*") if p.is_file()}
     assert "checkpoints/step_000005/policy/policy/mp_rank_00_model_states.pt" in held
     assert not any(h.startswith(("checkpoints/step_000004", "trees/")) for h in held)  # the last checkpoint only
+    assert not any(h.endswith("zero_to_fp32.py") for h in held)  # DeepSpeed's script: not for a commit
     assert {"checkpoints/latest", "heldout/step00001.json", "mlflow.db", "step_history.jsonl",
             rl.SETTINGS_FILE, rl.SITTINGS_FILE} <= held
     module = torch.load(carried / "checkpoints/step_000005/policy/policy/mp_rank_00_model_states.pt")["module"]
