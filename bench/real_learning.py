@@ -88,8 +88,8 @@ PROTOCOL_FORMAT = "trace-rl/real-learning-protocol/1"
 # The protocol's knobs (run's options) and their defaults where no protocol is frozen: a records
 # folder with a protocol takes them from it, and refuses a run that asks for another value.
 KNOBS = {"steps": 30, "lr": 5e-6, "roots_M": 16, "expansion_N": 1, "group_size": 4, "max_m": 8,
-         "dtype": "bfloat16", "lora_rank": 0, "heldout_k": 4, "curve_k": 0, "micro_batches": 2, "warmup_k": 4,
-         "measurements": 1, "start": "bench/results/real_policy.json"}
+         "dtype": "bfloat16", "lora_rank": 0, "heldout_k": 4, "curve_k": 0, "micro_batches": DEFAULT_MICRO_BATCHES,
+         "warmup_k": 4, "measurements": 1, "start": "bench/results/real_policy.json"}
 # a knob's name in a run's settings, where it differs
 SETTING_OF = {"group_size": "group_size_G"}
 STEP_KEYS = {"rollouts": "counts/rollouts", "generated_tokens": "budget/generated_tokens",
